@@ -1,0 +1,1 @@
+"""One module per `podium` command (see podium/cli.py)."""

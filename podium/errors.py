@@ -1,0 +1,50 @@
+"""Podium's error tree.
+
+Every error Podium raises on purpose derives from :class:`PodiumError`. The ``retriable``
+flag tells callers (consumer loops, gRPC handlers, the CLI) whether trying the same thing
+again may succeed: a broker that is briefly unreachable is retriable, a malformed protobuf
+is not and goes to the dead-letter topic instead.
+"""
+
+from __future__ import annotations
+
+
+class PodiumError(Exception):
+    """Base of all Podium errors."""
+
+    retriable: bool = False
+
+    def __init__(self, message: str, *, retriable: bool | None = None) -> None:
+        super().__init__(message)
+        if retriable is not None:
+            self.retriable = retriable
+
+
+class ConfigError(PodiumError):
+    """A setting is missing or invalid. The message names the setting."""
+
+
+class DecodeError(PodiumError):
+    """Bytes could not be turned into the expected message (never retriable)."""
+
+
+class SpecError(PodiumError):
+    """A task or pool spec is invalid. ``field`` names the offending field or subtask."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class BusError(PodiumError):
+    """The event bus failed to publish, fetch or commit."""
+
+    retriable = True
+
+
+class ProcessingError(PodiumError):
+    """A handler failed on a well-formed message."""
+
+
+class ArtifactError(PodiumError):
+    """A weight or model file is missing, corrupt or fails its sha256 check."""

@@ -1,0 +1,38 @@
+"""Kafka topic names: the event flow of ARCHITECTURE.md, one constant per topic."""
+
+from __future__ import annotations
+
+from typing import Final
+
+TASKS: Final = "podium.tasks.v1"
+"""TaskSubmitted: a session was opened (orchestrator_svc)."""
+SUBTASKS_ASSIGNED: Final = "podium.subtasks.assigned.v1"
+"""SubtaskAssigned: work for sub-agents, keyed by session id (orchestrator_svc -> subagent_svc)."""
+SUBTASK_RESULTS: Final = "podium.subtasks.results.v1"
+"""SubtaskResult: finished executions (subagent_svc -> orchestrator_svc)."""
+TRAJECTORIES: Final = "podium.trajectories.v1"
+"""Trajectory: one per session (orchestrator_svc -> reward_svc)."""
+SCORED_TRAJECTORIES: Final = "podium.trajectories.scored.v1"
+"""ScoredTrajectory: reward breakdowns (reward_svc -> learner_svc)."""
+POLICY_UPDATES: Final = "podium.policy.updates.v1"
+"""PolicyUpdated: a new policy version (learner_svc -> orchestrator_svc)."""
+FEEDBACK: Final = "podium.feedback.v1"
+"""Feedback: user feedback on sessions (orchestrator_svc)."""
+
+DLQ_SUFFIX: Final = ".dlq"
+"""Dead-letter topic of topic T is T + DLQ_SUFFIX."""
+
+ALL: Final = (
+    TASKS,
+    SUBTASKS_ASSIGNED,
+    SUBTASK_RESULTS,
+    TRAJECTORIES,
+    SCORED_TRAJECTORIES,
+    POLICY_UPDATES,
+    FEEDBACK,
+)
+
+
+def dead_letter(topic: str) -> str:
+    """Name of the dead-letter topic for ``topic``."""
+    return topic + DLQ_SUFFIX
