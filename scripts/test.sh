@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): set up the cached environment, start the real services the
+# tests need (an Apache Kafka broker in KRaft mode), run the static checks and pytest, and stop
+# everything it started whatever happens. Extra arguments go to pytest.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+START=$(date +%s)
+
+# System tools the tests use as independent clients: protoc (decode events) and kcat (read topics).
+need=()
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+command -v kcat >/dev/null 2>&1 || need+=(kcat)
+if ((${#need[@]})); then
+  echo "test: installing ${need[*]}" >&2
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq >&2 && $SUDO apt-get install -y -qq "${need[@]}" >&2
+fi
+
+VENV="$(bash scripts/venv.sh)"
+export PATH="$VENV/bin:$PATH"
+
+bash scripts/lint.sh
+
+# kustomize renders k8s/ in the tests; built once from the Go module proxy into the cache.
+CACHE="${PODIUM_CACHE:-$HOME/.cache/podium}"
+if [[ ! -x "$CACHE/go-bin/kustomize" ]]; then
+  echo "test: installing kustomize into $CACHE/go-bin" >&2
+  (cd /tmp && GOBIN="$CACHE/go-bin" GOFLAGS=-mod=mod go install sigs.k8s.io/kustomize/kustomize/v5@v5.7.1 >&2)
+fi
+export PATH="$PATH:$CACHE/go-bin"
+
+# Each run gets its own broker state directory, so a developer's broker is left alone.
+export PODIUM_KAFKA_STATE="${PODIUM_KAFKA_STATE:-$(mktemp -d /tmp/podium-kafka.XXXXXX)}"
+cleanup() {
+  bash scripts/kafka.sh stop >&2 || true
+}
+trap cleanup EXIT INT TERM
+eval "$(bash scripts/kafka.sh start)"
+export PODIUM_KAFKA_BOOTSTRAP
+echo "test: Kafka at $PODIUM_KAFKA_BOOTSTRAP" >&2
+
+set +e
+python -m pytest "$@"
+rc=$?
+set -e
+echo "test: finished in $(( $(date +%s) - START )) s (pytest exit $rc)" >&2
+exit $rc
