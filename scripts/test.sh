@@ -30,13 +30,14 @@ if [[ ! -x "$CACHE/go-bin/kustomize" ]]; then
 fi
 export PATH="$PATH:$CACHE/go-bin"
 
-# Each run gets its own broker state directory, so a developer's broker is left alone.
-export PODIUM_KAFKA_STATE="${PODIUM_KAFKA_STATE:-$(mktemp -d /tmp/podium-kafka.XXXXXX)}"
+# Each run gets its own broker directory, so a developer's broker is left alone.
+KAFKA_DIR="$(mktemp -d /tmp/podium-kafka.XXXXXX)"
 cleanup() {
-  bash scripts/kafka.sh stop >&2 || true
+  bash scripts/kafka.sh stop --dir "$KAFKA_DIR" >&2 || true
+  rm -rf "$KAFKA_DIR"
 }
 trap cleanup EXIT INT TERM
-eval "$(bash scripts/kafka.sh start)"
+eval "$(bash scripts/kafka.sh start --dir "$KAFKA_DIR")"
 export PODIUM_KAFKA_BOOTSTRAP
 echo "test: Kafka at $PODIUM_KAFKA_BOOTSTRAP" >&2
 

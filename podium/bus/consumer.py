@@ -1,0 +1,507 @@
+"""The consume loop and the publisher every Podium service uses.
+
+:class:`EventConsumer` turns a :class:`~podium.bus.base.Subscriber` into at-least-once,
+effectively-once processing:
+
+1. fetch a batch, decode each record with :func:`podium.codec.decode_envelope` (the codec is
+   the only place bytes become messages);
+2. skip events whose ``event_id`` was already handled (bounded LRU: redelivery after a
+   rebalance or crash is normal under at-least-once, handlers should not see it twice);
+3. call ``await handler(envelope, record)`` inside the producer's trace context;
+4. a record that cannot be decoded, or whose handler fails with a non-retriable error, is
+   published unchanged to ``podium.topics.dead_letter(topic)`` with headers naming its
+   source topic, partition, offset and the error, and the partition moves on: one poison
+   message must not stall a session's partition;
+5. retriable errors (``PodiumError.retriable``, connection errors, timeouts) are retried with
+   capped exponential backoff and never dropped;
+6. the batch is committed only after every record in it was handled or dead-lettered.
+
+:class:`EventPublisher` is the producing side: codec-encoded envelope, trace context in the
+envelope and in Kafka headers (so kcat users and non-Python consumers see it too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from google.protobuf.message import Message
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from podium import codec, telemetry, topics
+from podium.bus.base import Bus, Headers, Record, RecordMetadata, Subscriber, TopicSpec
+from podium.errors import BusError, ConfigError, DecodeError, PodiumError
+from podium.v1 import envelope_pb2
+
+_log = logging.getLogger(__name__)
+_tracer = trace.get_tracer("podium.bus")
+
+Handler = Callable[[envelope_pb2.Envelope, Record], Awaitable[None]]
+"""``async def handler(envelope, record) -> None``; raise to signal failure."""
+
+# Headers written on dead-lettered records. Names are stable: operators filter on them.
+DLQ_SOURCE_TOPIC = "podium.dlq.source_topic"
+"""Topic the dead-lettered record was read from."""
+DLQ_SOURCE_PARTITION = "podium.dlq.source_partition"
+"""Partition it was read from (decimal)."""
+DLQ_SOURCE_OFFSET = "podium.dlq.source_offset"
+"""Offset it had there (decimal)."""
+DLQ_ERROR = "podium.dlq.error"
+"""Error text (UTF-8, truncated to 2000 characters)."""
+DLQ_ERROR_TYPE = "podium.dlq.error_type"
+"""Exception class name, e.g. ``DecodeError``."""
+DLQ_GROUP = "podium.dlq.group"
+"""Consumer group that gave up on it."""
+DLQ_PRODUCER = "podium.dlq.producer"
+"""Service instance that dead-lettered it."""
+DLQ_FAILED_AT_MS = "podium.dlq.failed_at_ms"
+"""Wall-clock time of the failure, milliseconds since the epoch."""
+
+EVENT_ID_HEADER = "podium.event_id"
+"""Envelope event id, copied into a header so it can be read without protobuf."""
+EVENT_TYPE_HEADER = "podium.event_type"
+"""Envelope payload type, copied into a header for the same reason."""
+
+_TRACE_HEADERS = frozenset({"traceparent", "tracestate", "baggage"})
+_MAX_ERROR_CHARS = 2000
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Whether trying the same record again may succeed.
+
+    Podium errors say so themselves. Connection errors and timeouts are transient by nature.
+    Anything else is a bug or bad data: retrying would block the partition forever, so it
+    goes to the dead-letter topic where a human can look at it.
+    """
+    if isinstance(exc, PodiumError):
+        return exc.retriable
+    return isinstance(exc, OSError | TimeoutError)
+
+
+@dataclass
+class ConsumerStats:
+    """Counters of what a consumer did, for logs, metrics and tests."""
+
+    fetched: int = 0
+    """Records fetched from the bus (redeliveries included)."""
+    handled: int = 0
+    """Records the handler completed."""
+    duplicates: int = 0
+    """Records skipped because their event id was already handled."""
+    dead_lettered: int = 0
+    """Records published to a dead-letter topic."""
+    retries: int = 0
+    """Handler or bus calls retried after a retriable error."""
+    commits: int = 0
+    """Successful commits."""
+
+
+class _Abandoned(Exception):
+    """A retry loop gave up because the consumer is stopping; the record is redelivered later."""
+
+
+class _LRU:
+    """A bounded set of recently seen keys."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, key: str) -> bool:
+        if key in self._items:
+            self._items.move_to_end(key)
+            return True
+        return False
+
+    def add(self, key: str) -> None:
+        self._items[key] = None
+        self._items.move_to_end(key)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _headers_as_text(headers: Headers) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in headers:
+        try:
+            out[k] = v.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return out
+
+
+def trace_carrier(envelope: envelope_pb2.Envelope, record: Record) -> dict[str, str]:
+    """Trace context of a consumed event: the envelope's, or the record headers' if it has none.
+
+    The envelope is authoritative (it survives re-publishing by tools that drop headers); the
+    headers are the fallback for records written by non-Podium producers.
+    """
+    if envelope.trace_context:
+        return dict(envelope.trace_context)
+    return {k: v for k, v in _headers_as_text(record.headers).items() if k in _TRACE_HEADERS}
+
+
+class EventConsumer:
+    """Runs ``handler`` over every event of ``topics`` as one member of ``group_id``.
+
+    Use either ``await consumer.run()`` (in a task; ``await consumer.stop()`` ends it
+    gracefully) or ``start()`` / ``run_once()`` / ``stop()`` for step-by-step control.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        topics: Sequence[str],
+        group_id: str,
+        handler: Handler,
+        *,
+        producer_name: str,
+        dlq: bool = True,
+        max_batch: int = 100,
+        fetch_timeout_s: float = 0.2,
+        dedupe_capacity: int = 100_000,
+        retry_backoff_s: float = 0.05,
+        retry_backoff_max_s: float = 5.0,
+        create_topics: bool = True,
+        partitions: int = 3,
+        client_id: str = "",
+    ) -> None:
+        """
+        Args:
+            bus: a started bus.
+            topics: topics to consume.
+            group_id: consumer group; members of one group share the partitions.
+            handler: called once per new event; raise to signal failure.
+            producer_name: this service instance, stamped on dead-lettered records.
+            dlq: dead-letter poison records (True) or stop with the error (False).
+            max_batch: records per fetch; the unit of commit.
+            fetch_timeout_s: how long one fetch waits for records; bounds stop latency.
+            dedupe_capacity: event ids remembered for de-duplication.
+            retry_backoff_s: first delay before retrying a retriable failure.
+            retry_backoff_max_s: cap of the exponentially growing delay.
+            create_topics: create the topics and their dead-letter topics on start.
+            partitions: partition count used when creating topics.
+            client_id: name of this member in broker logs (defaults to producer_name).
+        """
+        if not topics:
+            raise ConfigError("EventConsumer needs at least one topic")
+        if not group_id:
+            raise ConfigError("EventConsumer group_id must not be empty")
+        if not producer_name:
+            raise ConfigError("EventConsumer producer_name must not be empty")
+        if max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+        if dedupe_capacity < 1:
+            raise ConfigError(f"dedupe_capacity must be >= 1, got {dedupe_capacity}")
+        if retry_backoff_s <= 0 or retry_backoff_max_s < retry_backoff_s:
+            raise ConfigError(
+                "retry_backoff_s must be > 0 and <= retry_backoff_max_s, got "
+                f"{retry_backoff_s} and {retry_backoff_max_s}"
+            )
+        self.bus = bus
+        self.topics = tuple(topics)
+        self.group_id = group_id
+        self.handler = handler
+        self.producer_name = producer_name
+        self.dlq = dlq
+        self.max_batch = max_batch
+        self.fetch_timeout_s = fetch_timeout_s
+        self.retry_backoff_s = retry_backoff_s
+        self.retry_backoff_max_s = retry_backoff_max_s
+        self.create_topics = create_topics
+        self.partitions = partitions
+        self.stats = ConsumerStats()
+        self._seen = _LRU(dedupe_capacity)
+        self._subscriber: Subscriber = bus.subscriber(
+            self.topics, group_id, client_id=client_id or producer_name
+        )
+        self._started = False
+        self._stopping = asyncio.Event()
+        self._running = False
+        self._run_done: asyncio.Event | None = None
+
+    @property
+    def subscriber(self) -> Subscriber:
+        """The underlying group member (e.g. to inspect its assignment)."""
+        return self._subscriber
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create topics (and dead-letter topics) if configured, then join the group."""
+        if self._started:
+            return
+        if self.create_topics:
+            names = list(self.topics)
+            if self.dlq:
+                names += [topics.dead_letter(t) for t in self.topics]
+            await self.bus.create_topics([TopicSpec(n, self.partitions) for n in names])
+        await self._subscriber.start()
+        self._started = True
+        self._stopping.clear()
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop gracefully: stop fetching, finish and commit the batch in hand, leave the group.
+
+        If ``run()`` is active this waits for it (up to ``timeout_s``; after that the batch
+        is abandoned uncommitted, so it is redelivered to the next owner, never lost).
+        """
+        self._stopping.set()
+        if self._running and self._run_done is not None:
+            try:
+                await asyncio.wait_for(self._run_done.wait(), timeout_s)
+            except TimeoutError:
+                _log.warning("%s: run() did not finish within %.1fs", self.group_id, timeout_s)
+        if self._started:
+            self._started = False
+            await self._subscriber.stop()
+
+    async def run(self) -> None:
+        """Consume until :meth:`stop` is called (or a non-dead-letterable error with dlq=False)."""
+        await self.start()
+        self._running = True
+        self._run_done = asyncio.Event()
+        try:
+            while not self._stopping.is_set():
+                await self.run_once()
+        finally:
+            self._running = False
+            self._run_done.set()
+
+    async def run_once(self) -> int:
+        """Fetch one batch, handle it, commit it. Returns the number of records fetched."""
+        if not self._started:
+            raise BusError("EventConsumer is not started: call start() or run()", retriable=False)
+        batch = await self._fetch()
+        if not batch:
+            return 0
+        self.stats.fetched += len(batch)
+        done: list[Record] = []
+        try:
+            for record in batch:
+                await self._process(record)
+                done.append(record)
+        except _Abandoned:
+            _log.info(
+                "%s: stopping with %d of %d records handled; the rest will be redelivered",
+                self.group_id,
+                len(done),
+                len(batch),
+            )
+        finally:
+            # Commit what was handled even if a later record raised (dlq=False), so only the
+            # failing record and those after it are redelivered.
+            if done:
+                await self._commit(done)
+        return len(batch)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    async def _fetch(self) -> list[Record]:
+        delay = self.retry_backoff_s
+        while True:
+            try:
+                return await self._subscriber.fetch(self.max_batch, self.fetch_timeout_s)
+            except BusError as exc:
+                if not exc.retriable or self._stopping.is_set():
+                    raise
+                self.stats.retries += 1
+                _log.warning("%s: fetch failed (%s); retrying in %.2fs", self.group_id, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_backoff_max_s)
+
+    async def _process(self, record: Record) -> None:
+        try:
+            envelope = codec.decode_envelope(record.value)
+        except DecodeError as exc:
+            await self._dead_letter(record, exc)
+            return
+        if envelope.event_id in self._seen:
+            self.stats.duplicates += 1
+            return
+        delay = self.retry_backoff_s
+        while True:
+            try:
+                await self._call_handler(envelope, record)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if is_retriable(exc):
+                    if self._stopping.is_set():
+                        raise _Abandoned from exc
+                    self.stats.retries += 1
+                    _log.warning(
+                        "%s: retriable failure on %s[%d]@%d (%s); retrying in %.2fs",
+                        self.group_id,
+                        record.topic,
+                        record.partition,
+                        record.offset,
+                        exc,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.retry_backoff_max_s)
+                    continue
+                if not self.dlq:
+                    raise
+                await self._dead_letter(record, exc)
+                # The event was dealt with (parked for a human), so a redelivery is a duplicate.
+                self._seen.add(envelope.event_id)
+                return
+            self._seen.add(envelope.event_id)
+            self.stats.handled += 1
+            return
+
+    async def _call_handler(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
+        ctx = telemetry.extract_trace_context(trace_carrier(envelope, record))
+        token = otel_context.attach(ctx)
+        try:
+            with _tracer.start_as_current_span(
+                f"{record.topic} process",
+                kind=trace.SpanKind.CONSUMER,
+                attributes={
+                    "messaging.system": "kafka",
+                    "messaging.destination.name": record.topic,
+                    "messaging.kafka.destination.partition": record.partition,
+                    "messaging.kafka.message.offset": record.offset,
+                    "messaging.consumer.group.name": self.group_id,
+                    "messaging.message.id": envelope.event_id,
+                },
+            ):
+                await self.handler(envelope, record)
+        finally:
+            otel_context.detach(token)
+
+    async def _dead_letter(self, record: Record, exc: BaseException) -> None:
+        if not self.dlq:
+            raise exc
+        target = topics.dead_letter(record.topic)
+        error = str(exc)[:_MAX_ERROR_CHARS] or type(exc).__name__
+        dlq_headers: Headers = (
+            (DLQ_SOURCE_TOPIC, record.topic.encode()),
+            (DLQ_SOURCE_PARTITION, str(record.partition).encode()),
+            (DLQ_SOURCE_OFFSET, str(record.offset).encode()),
+            (DLQ_ERROR, error.encode("utf-8", "replace")),
+            (DLQ_ERROR_TYPE, type(exc).__name__.encode()),
+            (DLQ_GROUP, self.group_id.encode()),
+            (DLQ_PRODUCER, self.producer_name.encode()),
+            (DLQ_FAILED_AT_MS, str(int(time.time() * 1000)).encode()),
+        )
+        _log.error(
+            "%s: dead-lettering %s[%d]@%d to %s: %s",
+            self.group_id,
+            record.topic,
+            record.partition,
+            record.offset,
+            target,
+            error,
+        )
+        delay = self.retry_backoff_s
+        while True:
+            try:
+                # The original key keeps the dead letters of one session together and in order.
+                await self.bus.publish(
+                    target,
+                    record.value or b"",
+                    key=record.key,
+                    headers=record.headers + dlq_headers,
+                )
+            except BusError as err:
+                if not err.retriable:
+                    raise
+                if self._stopping.is_set():
+                    raise _Abandoned from err
+                self.stats.retries += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_backoff_max_s)
+                continue
+            self.stats.dead_lettered += 1
+            return
+
+    async def _commit(self, records: Sequence[Record]) -> None:
+        delay = self.retry_backoff_s
+        for _attempt in range(10):
+            try:
+                await self._subscriber.commit(records)
+            except BusError as exc:
+                if not exc.retriable:
+                    # The partitions were taken away by a rebalance: their new owner restarts
+                    # from the last commit and redelivers, and the event-id LRU absorbs the
+                    # duplicates if they come back here.
+                    _log.warning("%s: commit rejected (%s)", self.group_id, exc)
+                    return
+                self.stats.retries += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_backoff_max_s)
+                continue
+            self.stats.commits += 1
+            return
+        _log.error("%s: giving up committing %d records", self.group_id, len(records))
+
+
+@dataclass(frozen=True)
+class PublishedEvent:
+    """What :meth:`EventPublisher.publish` wrote and where."""
+
+    envelope: envelope_pb2.Envelope
+    """The envelope as written (its ``event_id`` identifies the event everywhere)."""
+    metadata: RecordMetadata
+    """Topic, partition and offset it landed at."""
+
+
+class EventPublisher:
+    """Publishes Podium events: codec-encoded envelopes with trace context."""
+
+    def __init__(self, bus: Bus, *, producer_name: str) -> None:
+        if not producer_name:
+            raise ConfigError("EventPublisher producer_name must not be empty")
+        self.bus = bus
+        self.producer_name = producer_name
+
+    async def publish(
+        self,
+        topic: str,
+        message: Message,
+        *,
+        key: str,
+        idempotency_key: str = "",
+        event_id: str | None = None,
+        occurred_at: datetime | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> PublishedEvent:
+        """Wrap ``message`` in an envelope keyed by ``key`` (e.g. the session id) and publish it.
+
+        Pass a stable ``event_id`` when re-publishing the same logical event (e.g. after a
+        crash) so consumers dedupe it; ``idempotency_key`` names the business operation.
+        """
+        with _tracer.start_as_current_span(
+            f"{topic} publish",
+            kind=trace.SpanKind.PRODUCER,
+            attributes={"messaging.system": "kafka", "messaging.destination.name": topic},
+        ):
+            carrier = telemetry.inject_trace_context()
+            envelope, data = codec.encode_event(
+                message,
+                producer=self.producer_name,
+                key=key,
+                trace_context=carrier,
+                idempotency_key=idempotency_key,
+                event_id=event_id,
+                occurred_at=occurred_at,
+            )
+            headers: list[tuple[str, bytes]] = [(k, v.encode()) for k, v in carrier.items()]
+            headers.append((EVENT_ID_HEADER, envelope.event_id.encode()))
+            headers.append((EVENT_TYPE_HEADER, envelope.type.encode()))
+            for k, v in (extra_headers or {}).items():
+                headers.append((k, v.encode()))
+            metadata = await self.bus.publish(topic, data, key=key, headers=tuple(headers))
+        return PublishedEvent(envelope, metadata)
