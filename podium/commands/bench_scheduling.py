@@ -1,0 +1,102 @@
+"""``podium bench scheduling``: compare scheduling policies on task specs against the bound.
+
+Runs every policy (sequential always, as the reference) for N seeded episodes per task,
+prints a table and writes JSON of the shape documented in ``docs/specs.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from podium.envs.swarm.baselines import BASELINES
+from podium.envs.swarm.benchmark import bench_scheduling
+from podium.envs.swarm.spec import default_pool, default_tasks_dir, load_pool, load_tasks
+from podium.errors import PodiumError
+
+PROG = "podium bench scheduling"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in BASELINES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {unknown[0] if unknown else text!r}; known: {', '.join(sorted(BASELINES))}"
+        )
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``podium bench scheduling``."""
+    parser.add_argument(
+        "--tasks",
+        metavar="DIR_OR_FILE",
+        default=None,
+        help="task spec file or directory of them (default: the shipped library)",
+    )
+    parser.add_argument("--pool", metavar="FILE", help="pool spec (default: the shipped pool)")
+    parser.add_argument(
+        "--policies",
+        type=_policies,
+        default=["sequential", "greedy", "cpls"],
+        help="comma-separated policies (sequential always runs as the reference)",
+    )
+    parser.add_argument("--episodes", type=_positive_int, default=20, help="episodes per task")
+    parser.add_argument("--seed", type=int, default=0, help="seed of episode 0 (default 0)")
+    parser.add_argument("--json", metavar="OUT", help="write the results as JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; 2 with a message naming the problem on bad input."""
+    try:
+        pool = load_pool(args.pool) if args.pool else default_pool()
+        tasks = load_tasks(args.tasks or default_tasks_dir(), pool)
+        result = bench_scheduling(tasks, pool, args.policies, args.episodes, args.seed)
+    except PodiumError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    names = result["config"]["policies"]
+    table = Table(title=f"Scheduling on {len(tasks)} tasks, {args.episodes} episodes each")
+    table.add_column("task")
+    table.add_column("n", justify="right")
+    table.add_column("bound", justify="right")
+    for n in names:
+        table.add_column(f"{n}\nlatency (×bound)", justify="right")
+    for t in result["tasks"]:
+        cells = [t["name"], str(t["subtasks"]), f"{t['lower_bound']:.2f}"]
+        for n in names:
+            p = t["policies"][n]
+            done = "" if p["completion_rate"] == 1.0 else f" {p['completion_rate']:.0%} done"
+            cells.append(f"{p['latency_mean']:.2f} ({p['ratio_to_bound']:.2f}){done}")
+        table.add_row(*cells)
+    table.add_section()
+    row = ["mean ratio to bound", "", ""]
+    row += [f"{result['summary'][n]['ratio_to_bound_mean']:.3f}" for n in names]
+    table.add_row(*row)
+    row = ["mean reduction vs sequential", "", ""]
+    row += [f"{result['summary'][n]['reduction_vs_sequential_mean']:.1%}" for n in names]
+    table.add_row(*row)
+    Console().print(table)
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            print(f"{PROG}: --json {args.json}: cannot write ({exc.strerror})", file=sys.stderr)
+            return 2
+    return 0

@@ -1,0 +1,275 @@
+"""Frozen rule-engine schedulers: the references every learned policy is measured against.
+
+Each baseline implements :class:`SchedulingPolicy`: ``decide(state, rng)`` returns a
+:class:`Command` from a :class:`~podium.envs.swarm.state.SwarmState`, and
+``act(env_or_state, rng)`` returns the same decision as a flat action index, so the same
+object drives the Gymnasium env in training and the orchestrator service in production
+(cold start). All are deterministic: the ``rng`` argument is accepted for interface
+uniformity and only :class:`RandomPolicy` draws from it.
+
+* ``sequential`` — one subtask at a time on the generalist (the single-agent reference).
+* ``greedy`` — while a slot is free, start the first ready subtask (file order) on the
+  fastest agent for its kind; no splitting.
+* ``cpls`` — critical-path list scheduling, HEFT style (Topcuoglu et al., 2002): priority
+  by upward rank with expected time-to-success durations, the agent with the least expected
+  time to success, split a critical subtask when spare capacity lets the chunks run in
+  parallel, retry failures.
+
+All of them avoid re-starting a unit on an agent where loop detection would fire.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from podium.envs.swarm.bound import upward_ranks
+from podium.envs.swarm.simulator.env import (
+    FINISH,
+    START,
+    WAIT,
+    ActionCodec,
+    SwarmEnv,
+    valid_action_mask,
+)
+from podium.envs.swarm.spec import SPLIT_FACTORS
+from podium.envs.swarm.state import SwarmState
+from podium.errors import ConfigError
+
+Rng = random.Random | np.random.Generator | None
+"""Randomness a policy may use (the rule engines ignore it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A decision in structured form."""
+
+    type: int
+    """START, WAIT or FINISH (podium.v1.ActionType numbering)."""
+    slot: int = -1
+    """Subtask slot (START only)."""
+    agent: int = -1
+    """Agent index (START only)."""
+    k: int = 1
+    """Split factor (START only)."""
+
+    def encode(self, codec: ActionCodec) -> int:
+        """Flat action index under ``codec``."""
+        if self.type == START:
+            return codec.start(self.slot, self.agent, self.k)
+        return codec.wait if self.type == WAIT else codec.finish
+
+
+class SchedulingPolicy(Protocol):
+    """What the env, the bench and the orchestrator service need from a policy."""
+
+    name: str
+
+    def act(self, env_or_state: SwarmEnv | SwarmState, rng: Rng = None) -> int:
+        """Flat action index for the current state."""
+        ...
+
+
+def _codec_and_state(env_or_state: SwarmEnv | SwarmState) -> tuple[ActionCodec, SwarmState]:
+    if isinstance(env_or_state, SwarmEnv):
+        return env_or_state.codec, env_or_state.state
+    st = env_or_state
+    return ActionCodec(st.num_slots, st.pool.num_agents), st
+
+
+class RuleEngine:
+    """Shared plumbing: encoding, loop-safe agent choice."""
+
+    name = "rule"
+
+    def decide(self, state: SwarmState, rng: Rng = None) -> Command:
+        """The decision as a :class:`Command`."""
+        raise NotImplementedError
+
+    def act(self, env_or_state: SwarmEnv | SwarmState, rng: Rng = None) -> int:
+        """The decision as a flat action index (the env's codec, or one sized to the task)."""
+        codec, state = _codec_and_state(env_or_state)
+        return self.decide(state, rng).encode(codec)
+
+    @staticmethod
+    def _allowed(state: SwarmState, slot: int, agent: int) -> bool:
+        """Whether starting ``slot``'s next unit on ``agent`` keeps clear of loop detection."""
+        unit = state.next_unit(slot)
+        return unit < 0 or state.u_fails_on[unit][agent] < state.config.loop_retry_limit
+
+    @staticmethod
+    def _pick(state: SwarmState, slot: int, order: list[int]) -> int:
+        """First agent in ``order`` that can do the slot's kind and is not loop-blocked."""
+        kind = state.kind_of(slot)
+        for a in order:
+            prof = state.pool.profile(a, kind)
+            if prof is not None and prof.success > 0 and RuleEngine._allowed(state, slot, a):
+                return a
+        raise ConfigError(f"no agent left to run subtask {state.task.subtasks[slot].id!r}")
+
+    @staticmethod
+    def _idle(state: SwarmState) -> Command:
+        if state.running:
+            return Command(WAIT)
+        return Command(FINISH)
+
+
+def _agents_by(state: SwarmState, kind: str, key: str) -> list[int]:
+    """Agents ordered best-first by ``key``: "speed" (fastest) or "ets" (expected time to
+    success, speed × success); ties keep pool order."""
+    pool = state.pool
+
+    def score(a: int) -> tuple[float, float]:
+        p = pool.profile(a, kind)
+        if p is None or p.success <= 0:
+            return (-math.inf, -math.inf)
+        return (p.speed, p.success) if key == "speed" else (p.speed * p.success, p.speed)
+
+    return sorted(range(pool.num_agents), key=lambda a: score(a), reverse=True)
+
+
+class SequentialPolicy(RuleEngine):
+    """One subtask at a time, in dependency order, on the generalist.
+
+    Without a ``"*"`` agent in the pool it uses the most efficient agent per kind (still one
+    at a time). After the generalist reaches the loop limit on a unit it falls back likewise.
+    """
+
+    name = "sequential"
+
+    def decide(self, state: SwarmState, rng: Rng = None) -> Command:
+        if state.running:
+            return Command(WAIT)
+        gen = state.pool.generalist()
+        for slot in range(state.num_slots):
+            if state.runnable[slot] > 0:
+                kind = state.kind_of(slot)
+                order = _agents_by(state, kind, "ets")
+                if gen is not None:
+                    order = [gen, *[a for a in order if a != gen]]
+                return Command(START, slot, self._pick(state, slot, order), 1)
+        return Command(FINISH)
+
+
+class GreedyPolicy(RuleEngine):
+    """While a slot is free, start the first ready subtask on the fastest agent for it."""
+
+    name = "greedy"
+
+    def decide(self, state: SwarmState, rng: Rng = None) -> Command:
+        if state.free > 0:
+            for slot in range(state.num_slots):
+                if state.runnable[slot] > 0:
+                    order = _agents_by(state, state.kind_of(slot), "speed")
+                    return Command(START, slot, self._pick(state, slot, order), 1)
+        return self._idle(state)
+
+
+class CplsPolicy(RuleEngine):
+    """Critical-path list scheduling (HEFT-style).
+
+    Priority: upward rank where each subtask's weight is its least expected time to success
+    (work / (speed × success), minimised over agents) — the HEFT mean-cost weight adapted
+    to unreliable agents. Agent: the one achieving it. Split: a ready subtask whose rank is
+    the largest among unstarted work is split into the largest k ∈ {4, 2} whose extra
+    chunks fit in capacity not needed by other ready subtasks, since then the chunks run in
+    parallel and the critical path shortens by (1 − 1/k − split_overhead) × its duration.
+    """
+
+    name = "cpls"
+
+    def __init__(self) -> None:
+        # Keyed by id(task) and holding the task, so a recycled id can never alias.
+        self._ranks: dict[int, tuple[object, list[float]]] = {}
+
+    def ranks(self, state: SwarmState) -> list[float]:
+        """Upward ranks of the state's task (cached per task object)."""
+        key = id(state.task)
+        hit = self._ranks.get(key)
+        if hit is not None and hit[0] is state.task:
+            return hit[1]
+        pool = state.pool
+        w = [
+            min(pool.expected_time_to_success(a, s.kind, s.work) for a in range(pool.num_agents))
+            for s in state.task.subtasks
+        ]
+        r = upward_ranks(state.task, w)
+        self._ranks[key] = (state.task, r)
+        return r
+
+    def decide(self, state: SwarmState, rng: Rng = None) -> Command:
+        free = state.free
+        if free <= 0:
+            return self._idle(state)
+        ranks = self.ranks(state)
+        ready = [s for s in range(state.num_slots) if state.runnable[s] > 0]
+        if not ready:
+            return self._idle(state)
+        ready.sort(key=lambda s: (-ranks[s], s))
+        slot = ready[0]
+        agent = self._pick(state, slot, _agents_by(state, state.kind_of(slot), "ets"))
+        if state.can_split(slot):
+            # Unstarted work competing for capacity: the most critical one must be this slot.
+            top = max(
+                (ranks[s] for s in range(state.num_slots) if state.attempts_of[s] == 0),
+                default=0.0,
+            )
+            spare = free - len(ready)  # slots not claimed by the other ready subtasks
+            if ranks[slot] >= top:
+                for k in SPLIT_FACTORS[:0:-1]:
+                    if k - 1 <= spare:
+                        return Command(START, slot, agent, k)
+        return Command(START, slot, agent, 1)
+
+
+class RandomPolicy(RuleEngine):
+    """Uniform over valid actions (the speed benchmark's policy and a sanity floor).
+
+    Draws from the ``rng`` passed to :meth:`act`, or from its own generator seeded with
+    ``seed`` when none is passed, so it is deterministic either way.
+    """
+
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def act(self, env_or_state: SwarmEnv | SwarmState, rng: Rng = None) -> int:
+        if isinstance(env_or_state, SwarmEnv):
+            mask = env_or_state.action_masks()
+        else:
+            codec, state = _codec_and_state(env_or_state)
+            mask = valid_action_mask(state, codec)
+        valid = np.flatnonzero(mask)
+        if isinstance(rng, np.random.Generator):
+            return int(valid[int(rng.integers(len(valid)))])
+        r = rng if isinstance(rng, random.Random) else self._rng
+        return int(valid[int(r.random() * len(valid))])
+
+    def decide(self, state: SwarmState, rng: Rng = None) -> Command:
+        codec = ActionCodec(state.num_slots, state.pool.num_agents)
+        kind, slot, agent, k = codec.decode(self.act(state, rng))
+        return Command(kind, slot, agent, k if kind == START else 1)
+
+
+BASELINES: dict[str, type[RuleEngine]] = {
+    "sequential": SequentialPolicy,
+    "greedy": GreedyPolicy,
+    "cpls": CplsPolicy,
+    "random": RandomPolicy,
+}
+"""Baseline policies by name."""
+
+
+def make_policy(name: str) -> RuleEngine:
+    """A fresh baseline by name; raises ConfigError listing the known names."""
+    try:
+        return BASELINES[name]()
+    except KeyError:
+        raise ConfigError(
+            f"unknown policy {name!r}; known: {', '.join(sorted(BASELINES))}"
+        ) from None

@@ -1,0 +1,176 @@
+"""Benchmarks of the swarm environment: scheduling policies against the lower bound, and the
+simulator's own speed. The ``podium bench scheduling`` / ``podium bench env`` commands and
+``bench/`` are thin wrappers over these functions."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from podium.envs.swarm.baselines import RuleEngine, make_policy
+from podium.envs.swarm.pool import SubagentPool
+from podium.envs.swarm.simulator.env import EnvConfig, SwarmEnv
+from podium.envs.swarm.spec import PoolSpec, TaskSpec
+from podium.errors import ConfigError
+
+REFERENCE = "sequential"
+"""Policy every benchmark runs as the reference for ``reduction_vs_sequential``."""
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeResult:
+    """Outcome of one episode."""
+
+    latency: float
+    """Simulated makespan (clock at the end)."""
+    completed: bool
+    """Whether every subtask succeeded."""
+    loop_detected: bool
+    """Whether loop detection ended it."""
+    steps: int
+    """Orchestrator decisions taken."""
+
+
+def run_episode(env: SwarmEnv, policy: RuleEngine, task: str, seed: int) -> EpisodeResult:
+    """Run ``policy`` on ``task`` until the episode ends."""
+    env.reset(seed=seed, options={"task": task})
+    rng = random.Random(seed)
+    while True:
+        _, _, terminated, truncated, info = env.step(policy.act(env, rng))
+        if terminated or truncated:
+            return EpisodeResult(
+                latency=float(info["latency"]),
+                completed=bool(info["completed"]),
+                loop_detected=bool(info["loop_detected"]),
+                steps=int(info["steps"]),
+            )
+
+
+def bench_scheduling(
+    tasks: Sequence[TaskSpec],
+    pool: PoolSpec,
+    policies: Sequence[str],
+    episodes: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Mean latency, completion rate, ratio to bound and reduction vs sequential per task
+    and policy, and their means over tasks. Episode e of every policy uses seed ``seed + e``
+    (common random numbers across policies)."""
+    if episodes < 1:
+        raise ConfigError(f"--episodes must be >= 1, got {episodes}")
+    names = [REFERENCE, *[p for p in dict.fromkeys(policies) if p != REFERENCE]]
+    engines = {n: make_policy(n) for n in names}
+    env = SwarmEnv(
+        list(tasks),
+        SubagentPool(pool),
+        EnvConfig(
+            max_subtasks=max(len(t.subtasks) for t in tasks),
+            invalid_action="raise",  # a baseline emitting a masked action is a bug: fail loudly
+        ),
+    )
+    out_tasks: list[dict[str, Any]] = []
+    for task in tasks:
+        env.reset(seed=seed, options={"task": task.name})
+        bound = env.bound.value
+        per: dict[str, dict[str, float]] = {}
+        for name in names:
+            runs = [run_episode(env, engines[name], task.name, seed + e) for e in range(episodes)]
+            lat = [r.latency for r in runs]
+            mean = statistics.fmean(lat)
+            per[name] = {
+                "latency_mean": mean,
+                "latency_std": statistics.pstdev(lat),
+                "completion_rate": sum(r.completed for r in runs) / episodes,
+                "loop_rate": sum(r.loop_detected for r in runs) / episodes,
+                "steps_mean": statistics.fmean(r.steps for r in runs),
+                "ratio_to_bound": mean / bound,
+            }
+        ref = per[REFERENCE]["latency_mean"]
+        for stats in per.values():
+            stats["reduction_vs_sequential"] = 1.0 - stats["latency_mean"] / ref
+        out_tasks.append(
+            {
+                "name": task.name,
+                "subtasks": len(task.subtasks),
+                "lower_bound": bound,
+                "policies": per,
+            }
+        )
+    summary: dict[str, dict[str, float]] = {}
+    for name in names:
+        rows = [t["policies"][name] for t in out_tasks]
+        summary[name] = {
+            "ratio_to_bound_mean": statistics.fmean(r["ratio_to_bound"] for r in rows),
+            "completion_rate_mean": statistics.fmean(r["completion_rate"] for r in rows),
+            "reduction_vs_sequential_mean": statistics.fmean(
+                r["reduction_vs_sequential"] for r in rows
+            ),
+            "latency_mean": statistics.fmean(r["latency_mean"] for r in rows),
+        }
+    return {
+        "tasks": out_tasks,
+        "summary": summary,
+        "config": {"episodes": episodes, "seed": seed, "pool": pool.name, "policies": names},
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedResult:
+    """Environment throughput with a random valid policy."""
+
+    steps: int
+    """Environment steps taken."""
+    episodes: int
+    """Episodes finished."""
+    cpu_seconds: float
+    """Process CPU time spent (one core: the loop is single-threaded)."""
+    wall_seconds: float
+    """Wall-clock time spent."""
+
+    @property
+    def steps_per_second(self) -> float:
+        """Steps per CPU second (insensitive to other processes sharing the machine)."""
+        return self.steps / self.cpu_seconds if self.cpu_seconds > 0 else 0.0
+
+    @property
+    def wall_steps_per_second(self) -> float:
+        """Steps per wall-clock second."""
+        return self.steps / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+def measure_env_speed(
+    tasks: Sequence[TaskSpec], pool: PoolSpec, *, seconds: float = 3.0, seed: int = 0
+) -> SpeedResult:
+    """Step the env with a uniformly random valid action for ``seconds`` of CPU time.
+
+    The policy's own cost (mask lookup + one draw) is included, as a training loop pays it.
+    """
+    env = SwarmEnv(list(tasks), SubagentPool(pool), EnvConfig(max_subtasks=64))
+    rng = random.Random(seed)
+    env.reset(seed=seed)
+    steps = episodes = 0
+    c0, w0 = time.process_time(), time.perf_counter()
+    deadline = c0 + seconds
+    while True:
+        # Check the clock every 256 steps so timing does not dominate what it measures.
+        for _ in range(256):
+            valid = np.flatnonzero(env.action_masks())
+            _, _, terminated, truncated, _ = env.step(valid[int(rng.random() * len(valid))])
+            steps += 1
+            if terminated or truncated:
+                episodes += 1
+                env.reset()
+        if time.process_time() >= deadline:
+            break
+    return SpeedResult(
+        steps=steps,
+        episodes=episodes,
+        cpu_seconds=time.process_time() - c0,
+        wall_seconds=time.perf_counter() - w0,
+    )

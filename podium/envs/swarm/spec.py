@@ -1,0 +1,475 @@
+"""Task specs and pool specs: the public input formats of the swarm environment.
+
+A *task spec* is a DAG of typed subtasks; a *pool spec* describes the frozen sub-agent kinds
+that can run them. Both are plain JSON or YAML so users can bring their own (see
+``docs/specs.md``). Everything here is parsing and validation: every problem raises
+:class:`~podium.errors.SpecError` with a message naming the file, the subtask and the field,
+because a spec author must be able to fix their file from the message alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from podium.errors import SpecError
+
+WILDCARD_KIND = "*"
+"""Kind name an agent uses to declare it can do every kind (the generalist)."""
+
+SPLIT_FACTORS: tuple[int, ...] = (1, 2, 4)
+"""Split factors the orchestrator may choose; 1 means "run whole"."""
+
+_TASK_KEYS = frozenset({"name", "max_parallel", "subtasks", "description"})
+_SUBTASK_KEYS = frozenset({"id", "kind", "work", "deps", "splittable", "sensitive", "description"})
+_POOL_KEYS = frozenset({"name", "max_parallel", "main_step_cost", "split_overhead", "agents"})
+_AGENT_KEYS = frozenset({"name", "kinds"})
+_PROFILE_KEYS = frozenset({"speed", "success", "noise"})
+
+
+@dataclass(frozen=True, slots=True)
+class Subtask:
+    """One typed unit of work inside a task."""
+
+    id: str
+    """Unique id inside the task; dependencies refer to it."""
+    kind: str
+    """Kind of work (e.g. ``"ui"``); the pool says which agents can do it."""
+    work: float
+    """Effort (> 0): an agent of speed s takes work / s on average."""
+    deps: tuple[str, ...] = ()
+    """Ids of subtasks that must succeed before this one may start."""
+    splittable: bool = False
+    """Whether it may be split into k ∈ {2, 4} parallel chunks plus a merge."""
+    sensitive: bool = False
+    """Whether running it will need human approval (carried, not enforced, here)."""
+    description: str = ""
+    """Free-form text handed to the sub-agent."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """A composite task: subtasks in a dependency DAG (validated acyclic on parse)."""
+
+    name: str
+    """Human-readable name; also the key of the task in benchmark reports."""
+    subtasks: tuple[Subtask, ...]
+    """Subtasks in file order (which is the order rule engines break ties in)."""
+    max_parallel: int | None = None
+    """Concurrency cap overriding the pool's, or None for the pool's."""
+    description: str = ""
+    """Free-form description of the whole task."""
+
+    def index(self) -> dict[str, int]:
+        """Map subtask id -> position in :attr:`subtasks`."""
+        return {s.id: i for i, s in enumerate(self.subtasks)}
+
+
+@dataclass(frozen=True, slots=True)
+class KindProfile:
+    """How one agent performs on one kind of work."""
+
+    speed: float
+    """Work units per unit of simulated time (> 0)."""
+    success: float
+    """Probability an execution succeeds, in [0, 1]."""
+    noise: float
+    """σ of the mean-one lognormal factor on the duration (0 = deterministic)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSpec:
+    """One kind of frozen sub-agent; unlimited instances, bounded only by max_parallel."""
+
+    name: str
+    """Unique agent name (e.g. ``"ui-specialist"``)."""
+    kinds: Mapping[str, KindProfile]
+    """Profile per kind it can do; ``"*"`` covers every kind not listed explicitly."""
+
+    def profile(self, kind: str) -> KindProfile | None:
+        """The profile this agent uses for ``kind``, or None if it cannot do it."""
+        found = self.kinds.get(kind)
+        return found if found is not None else self.kinds.get(WILDCARD_KIND)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """The pool of frozen sub-agents and the cost model of the orchestrator."""
+
+    agents: tuple[AgentSpec, ...]
+    """Agent kinds in file order (their order is the agent axis of the action space)."""
+    max_parallel: int = 3
+    """Most executions running at once, unless a task overrides it."""
+    main_step_cost: float = 0.05
+    """Simulated time one orchestrator decision costs."""
+    split_overhead: float = 0.15
+    """Merge work as a fraction of the split subtask's work."""
+    name: str = "pool"
+    """Human-readable name."""
+    kinds: tuple[str, ...] = field(default=())
+    """Explicit kinds named by any agent (sorted; excludes ``"*"``). Filled by the parser."""
+
+    def can_do(self, kind: str) -> bool:
+        """Whether some agent can do ``kind`` with a non-zero success probability."""
+        return any((p := a.profile(kind)) is not None and p.success > 0 for a in self.agents)
+
+    def agent_names(self) -> tuple[str, ...]:
+        """Agent names in action-space order."""
+        return tuple(a.name for a in self.agents)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def read_document(path: str | Path) -> Any:
+    """Parse a JSON or YAML file (chosen by suffix; YAML is a superset so it is the fallback)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise SpecError(f"{p}: no such file", field=str(p)) from exc
+    except OSError as exc:
+        raise SpecError(f"{p}: cannot read: {exc.strerror}", field=str(p)) from exc
+    try:
+        if p.suffix.lower() == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{p}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        raise SpecError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+
+
+def _prefix(source: str) -> str:
+    return f"{source}: " if source else ""
+
+
+def _check_keys(obj: Mapping[str, Any], allowed: frozenset[str], where: str, source: str) -> None:
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise SpecError(
+            f"{_prefix(source)}{where}: unknown field {unknown[0]!r} "
+            f"(allowed: {', '.join(sorted(allowed))})",
+            field=f"{where}.{unknown[0]}",
+        )
+
+
+def _number(value: Any, where: str, source: str) -> float:
+    # bool is an int subclass; "work: true" is a typo, not the number 1.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(f"{_prefix(source)}{where} must be a number, got {value!r}", field=where)
+    out = float(value)
+    if not math.isfinite(out):
+        raise SpecError(f"{_prefix(source)}{where} must be finite, got {value!r}", field=where)
+    return out
+
+
+def _bool(value: Any, where: str, source: str) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(
+            f"{_prefix(source)}{where} must be true or false, got {value!r}", field=where
+        )
+    return value
+
+
+def _str(value: Any, where: str, source: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise SpecError(
+            f"{_prefix(source)}{where} must be a non-empty string, got {value!r}", field=where
+        )
+    return value
+
+
+def _max_parallel(value: Any, where: str, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(
+            f"{_prefix(source)}{where} must be an integer >= 1, got {value!r}", field=where
+        )
+    return value
+
+
+def find_cycle(deps: Mapping[str, Sequence[str]]) -> list[str] | None:
+    """A dependency cycle as ``[a, b, ..., a]`` (each depends on the next), or None.
+
+    Iterative DFS with colours, so a 10,000-deep chain cannot overflow the stack.
+    """
+    white, grey, black = 0, 1, 2
+    colour = dict.fromkeys(deps, white)
+    for root in deps:
+        if colour[root] != white:
+            continue
+        path: list[str] = [root]
+        iters = [iter(deps[root])]
+        colour[root] = grey
+        while iters:
+            nxt = next(iters[-1], None)
+            if nxt is None:
+                colour[path.pop()] = black
+                iters.pop()
+                continue
+            if nxt not in colour:
+                continue  # unknown ids are reported separately
+            if colour[nxt] == grey:
+                return [*path[path.index(nxt) :], nxt]
+            if colour[nxt] == white:
+                colour[nxt] = grey
+                path.append(nxt)
+                iters.append(iter(deps[nxt]))
+    return None
+
+
+def parse_task(data: Any, *, source: str = "") -> TaskSpec:
+    """Validate a task document (already parsed from JSON/YAML) into a :class:`TaskSpec`.
+
+    Checks structure, types, unknown fields, duplicate ids, non-positive work, unknown
+    dependencies and cycles. Kinds are checked against a pool by :func:`check_task_against_pool`.
+    """
+    if not isinstance(data, Mapping):
+        raise SpecError(
+            f"{_prefix(source)}a task spec must be a mapping, got {type(data).__name__}"
+        )
+    _check_keys(data, _TASK_KEYS, "task", source)
+    name = _str(data.get("name"), "task.name", source)
+    raw_subtasks = data.get("subtasks")
+    if not isinstance(raw_subtasks, list) or not raw_subtasks:
+        raise SpecError(
+            f"{_prefix(source)}task {name!r}: 'subtasks' must be a non-empty list", field="subtasks"
+        )
+    max_parallel = (
+        None
+        if data.get("max_parallel") is None
+        else _max_parallel(data["max_parallel"], "task.max_parallel", source)
+    )
+    subtasks: list[Subtask] = []
+    seen: set[str] = set()
+    for pos, raw in enumerate(raw_subtasks):
+        where = f"subtasks[{pos}]"
+        if not isinstance(raw, Mapping):
+            raise SpecError(f"{_prefix(source)}{where} must be a mapping, got {raw!r}", field=where)
+        sid = _str(raw.get("id"), f"{where}.id", source)
+        where = f"subtask {sid!r}"
+        _check_keys(raw, _SUBTASK_KEYS, where, source)
+        if sid in seen:
+            raise SpecError(f"{_prefix(source)}duplicate subtask id {sid!r}", field=sid)
+        seen.add(sid)
+        kind = _str(raw.get("kind"), f"{where}.kind", source)
+        if kind == WILDCARD_KIND:
+            raise SpecError(f"{_prefix(source)}{where}: kind '*' is reserved for pools", field=sid)
+        if "work" not in raw:
+            raise SpecError(f"{_prefix(source)}{where}: missing field 'work'", field=sid)
+        work = _number(raw["work"], f"{where}.work", source)
+        if work <= 0:
+            raise SpecError(f"{_prefix(source)}{where}: work must be > 0, got {work:g}", field=sid)
+        deps_raw = raw.get("deps", [])
+        if not isinstance(deps_raw, list) or not all(isinstance(d, str) for d in deps_raw):
+            raise SpecError(f"{_prefix(source)}{where}: deps must be a list of ids", field=sid)
+        if len(set(deps_raw)) != len(deps_raw):
+            raise SpecError(f"{_prefix(source)}{where}: deps lists an id twice", field=sid)
+        subtasks.append(
+            Subtask(
+                id=sid,
+                kind=kind,
+                work=work,
+                deps=tuple(deps_raw),
+                splittable=_bool(raw.get("splittable", False), f"{where}.splittable", source),
+                sensitive=_bool(raw.get("sensitive", False), f"{where}.sensitive", source),
+                description=str(raw.get("description", "")),
+            )
+        )
+    for s in subtasks:
+        for d in s.deps:
+            if d not in seen:
+                raise SpecError(
+                    f"{_prefix(source)}subtask {s.id!r} depends on unknown subtask {d!r}",
+                    field=s.id,
+                )
+            if d == s.id:
+                raise SpecError(f"{_prefix(source)}subtask {s.id!r} depends on itself", field=s.id)
+    cycle = find_cycle({s.id: s.deps for s in subtasks})
+    if cycle is not None:
+        raise SpecError(
+            f"{_prefix(source)}dependency cycle: {' -> '.join(cycle)}", field=",".join(cycle[:-1])
+        )
+    return TaskSpec(
+        name=name,
+        subtasks=tuple(subtasks),
+        max_parallel=max_parallel,
+        description=str(data.get("description", "")),
+    )
+
+
+def parse_pool(data: Any, *, source: str = "") -> PoolSpec:
+    """Validate a pool document into a :class:`PoolSpec`."""
+    if not isinstance(data, Mapping):
+        raise SpecError(
+            f"{_prefix(source)}a pool spec must be a mapping, got {type(data).__name__}"
+        )
+    _check_keys(data, _POOL_KEYS, "pool", source)
+    max_parallel = _max_parallel(data.get("max_parallel", 3), "pool.max_parallel", source)
+    step = _number(data.get("main_step_cost", 0.05), "pool.main_step_cost", source)
+    if step < 0:
+        raise SpecError(f"{_prefix(source)}pool.main_step_cost must be >= 0, got {step:g}")
+    overhead = _number(data.get("split_overhead", 0.15), "pool.split_overhead", source)
+    if overhead < 0:
+        raise SpecError(f"{_prefix(source)}pool.split_overhead must be >= 0, got {overhead:g}")
+    raw_agents = data.get("agents")
+    if not isinstance(raw_agents, list) or not raw_agents:
+        raise SpecError(f"{_prefix(source)}pool.agents must be a non-empty list", field="agents")
+    agents: list[AgentSpec] = []
+    kinds: set[str] = set()
+    for pos, raw in enumerate(raw_agents):
+        where = f"agents[{pos}]"
+        if not isinstance(raw, Mapping):
+            raise SpecError(f"{_prefix(source)}{where} must be a mapping", field=where)
+        name = _str(raw.get("name"), f"{where}.name", source)
+        where = f"agent {name!r}"
+        _check_keys(raw, _AGENT_KEYS, where, source)
+        if any(a.name == name for a in agents):
+            raise SpecError(f"{_prefix(source)}duplicate agent name {name!r}", field=name)
+        raw_kinds = raw.get("kinds")
+        if not isinstance(raw_kinds, Mapping) or not raw_kinds:
+            raise SpecError(
+                f"{_prefix(source)}{where}: kinds must be a non-empty mapping", field=name
+            )
+        profiles: dict[str, KindProfile] = {}
+        for kind, prof in raw_kinds.items():
+            kw = f"{where}.kinds.{kind}"
+            if not isinstance(kind, str) or not kind:
+                raise SpecError(f"{_prefix(source)}{where}: kind names must be strings", field=name)
+            if not isinstance(prof, Mapping):
+                raise SpecError(f"{_prefix(source)}{kw} must be a mapping", field=kw)
+            _check_keys(prof, _PROFILE_KEYS, kw, source)
+            if "speed" not in prof:
+                raise SpecError(f"{_prefix(source)}{kw}: missing field 'speed'", field=kw)
+            speed = _number(prof["speed"], f"{kw}.speed", source)
+            success = _number(prof.get("success", 1.0), f"{kw}.success", source)
+            noise = _number(prof.get("noise", 0.0), f"{kw}.noise", source)
+            if speed <= 0:
+                raise SpecError(f"{_prefix(source)}{kw}.speed must be > 0, got {speed:g}", field=kw)
+            if not 0.0 <= success <= 1.0:
+                raise SpecError(
+                    f"{_prefix(source)}{kw}.success must be in [0, 1], got {success:g}", field=kw
+                )
+            if noise < 0:
+                raise SpecError(
+                    f"{_prefix(source)}{kw}.noise must be >= 0, got {noise:g}", field=kw
+                )
+            profiles[kind] = KindProfile(speed=speed, success=success, noise=noise)
+            if kind != WILDCARD_KIND:
+                kinds.add(kind)
+        agents.append(AgentSpec(name=name, kinds=profiles))
+    return PoolSpec(
+        agents=tuple(agents),
+        max_parallel=max_parallel,
+        main_step_cost=step,
+        split_overhead=overhead,
+        name=str(data.get("name", "pool")),
+        kinds=tuple(sorted(kinds)),
+    )
+
+
+def check_task_against_pool(task: TaskSpec, pool: PoolSpec, *, source: str = "") -> None:
+    """Raise :class:`SpecError` naming the first subtask whose kind no agent can do."""
+    for s in task.subtasks:
+        if not pool.can_do(s.kind):
+            raise SpecError(
+                f"{_prefix(source)}subtask {s.id!r}: no agent in pool {pool.name!r} can do "
+                f"kind {s.kind!r} (agents: {', '.join(pool.agent_names())})",
+                field=s.id,
+            )
+
+
+def load_task(path: str | Path, pool: PoolSpec | None = None) -> TaskSpec:
+    """Read and validate one task file; with ``pool``, also check every kind is covered."""
+    task = parse_task(read_document(path), source=str(path))
+    if pool is not None:
+        check_task_against_pool(task, pool, source=str(path))
+    return task
+
+
+def load_pool(path: str | Path) -> PoolSpec:
+    """Read and validate one pool file."""
+    return parse_pool(read_document(path), source=str(path))
+
+
+TASK_SUFFIXES = (".json", ".yaml", ".yml")
+"""File suffixes read as task specs when a directory is given."""
+
+
+def task_files(dir_or_file: str | Path) -> list[Path]:
+    """Task files under a directory (sorted, non-recursive) or the single file given."""
+    p = Path(dir_or_file)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.suffix.lower() in TASK_SUFFIXES)
+        if not files:
+            raise SpecError(f"{p}: no task files (*.json, *.yaml, *.yml) in directory")
+        return files
+    if not p.exists():
+        raise SpecError(f"{p}: no such file or directory", field=str(p))
+    return [p]
+
+
+def load_tasks(dir_or_file: str | Path, pool: PoolSpec | None = None) -> list[TaskSpec]:
+    """Every task under a directory, or the one file given; names must be unique."""
+    tasks = [load_task(f, pool) for f in task_files(dir_or_file)]
+    names: set[str] = set()
+    for t in tasks:
+        if t.name in names:
+            raise SpecError(f"{dir_or_file}: two task files use the name {t.name!r}", field=t.name)
+        names.add(t.name)
+    return tasks
+
+
+def default_pool_path() -> Path:
+    """Path of the shipped default pool (``podium/data/pools/default.yaml``)."""
+    return Path(str(resources.files("podium") / "data" / "pools" / "default.yaml"))
+
+
+def default_tasks_dir() -> Path:
+    """Directory of the shipped task library (``podium/data/tasks``)."""
+    return Path(str(resources.files("podium") / "data" / "tasks"))
+
+
+def default_pool() -> PoolSpec:
+    """The shipped default pool."""
+    return load_pool(default_pool_path())
+
+
+def default_tasks(pool: PoolSpec | None = None) -> list[TaskSpec]:
+    """The shipped task library, checked against ``pool`` (default: the default pool)."""
+    return load_tasks(default_tasks_dir(), pool if pool is not None else default_pool())
+
+
+def task_to_dict(task: TaskSpec) -> dict[str, Any]:
+    """The public (JSON/YAML) form of a task; ``parse_task(task_to_dict(t)) == t``."""
+    out: dict[str, Any] = {"name": task.name}
+    if task.description:
+        out["description"] = task.description
+    if task.max_parallel is not None:
+        out["max_parallel"] = task.max_parallel
+    subs: list[dict[str, Any]] = []
+    for s in task.subtasks:
+        d: dict[str, Any] = {"id": s.id, "kind": s.kind, "work": s.work, "deps": list(s.deps)}
+        if s.splittable:
+            d["splittable"] = True
+        if s.sensitive:
+            d["sensitive"] = True
+        if s.description:
+            d["description"] = s.description
+        subs.append(d)
+    out["subtasks"] = subs
+    return out
+
+
+def tasks_by_name(tasks: Iterable[TaskSpec]) -> dict[str, TaskSpec]:
+    """Index tasks by name."""
+    return {t.name: t for t in tasks}
