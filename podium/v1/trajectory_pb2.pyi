@@ -316,6 +316,7 @@ class Trajectory(_message.Message):
     CLAIMED_SUCCESS_FIELD_NUMBER: _builtins.int
     TEST_COVERAGE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    VERIFIER_PRESENT_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     """Unique id (equals the session id for live sessions)."""
     session_id: _builtins.str
@@ -336,6 +337,10 @@ class Trajectory(_message.Message):
     """Whether the session claimed success (compared with `completed` to detect fabrication)."""
     test_coverage: _builtins.float
     """Test coverage reported by the verify stage, in [0, 1]; negative if not applicable."""
+    verifier_present: _builtins.bool
+    """Whether a verifier checked the executions, so that `Execution.verified` is meaningful
+    (set by the environment, never by the policy; reward_svc demands verification only then).
+    """
     @_builtins.property
     def task(self) -> _task_pb2.TaskSpec:
         """The task."""
@@ -379,10 +384,11 @@ class Trajectory(_message.Message):
         claimed_success: _builtins.bool = ...,
         test_coverage: _builtins.float = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        verifier_present: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "started_at", b"started_at", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed_success", b"claimed_success", "completed", b"completed", "decisions", b"decisions", "ended_at", b"ended_at", "env", b"env", "executions", b"executions", "labels", b"labels", "latency", b"latency", "loop_detected", b"loop_detected", "lower_bound", b"lower_bound", "policy_version", b"policy_version", "session_id", b"session_id", "started_at", b"started_at", "task", b"task", "test_coverage", b"test_coverage", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed_success", b"claimed_success", "completed", b"completed", "decisions", b"decisions", "ended_at", b"ended_at", "env", b"env", "executions", b"executions", "labels", b"labels", "latency", b"latency", "loop_detected", b"loop_detected", "lower_bound", b"lower_bound", "policy_version", b"policy_version", "session_id", b"session_id", "started_at", b"started_at", "task", b"task", "test_coverage", b"test_coverage", "trajectory_id", b"trajectory_id", "verifier_present", b"verifier_present"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

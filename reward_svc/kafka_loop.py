@@ -1,0 +1,262 @@
+"""Exactly-once consume-transform-produce on Kafka, with aiokafka transactions.
+
+One loop iteration is one Kafka transaction:
+
+1. ``getmany`` a batch of trajectory records (``isolation_level='read_committed'``: only
+   trajectories whose producer committed are scored; auto-commit off);
+2. ``begin_transaction``; score each record and ``send`` the ScoredTrajectory to the output
+   topic, or the untouched record to the dead-letter topic when it is poison;
+3. ``send_offsets_to_transaction`` the next offsets of the batch for our consumer group;
+4. ``commit_transaction``: the outputs and the input offsets become visible atomically.
+
+If the process dies anywhere before step 4 completes, nothing of the batch is visible to
+read_committed readers and the offsets are not advanced; the restarted service (same
+``transactional_id``) fences the dead one — the broker aborts its open transaction — and
+scores the batch again. So every trajectory yields exactly one committed scored record.
+
+If a transaction fails while the process lives (a broker error), it is aborted and the
+consumer is rewound to the batch start, so the batch is retried, never skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import (
+    KafkaError,
+    ProducerFenced,
+    TopicAlreadyExistsError,
+)
+
+from podium import topics
+from podium.bus.consumer import (
+    DLQ_ERROR,
+    DLQ_ERROR_TYPE,
+    DLQ_FAILED_AT_MS,
+    DLQ_GROUP,
+    DLQ_PRODUCER,
+    DLQ_SOURCE_OFFSET,
+    DLQ_SOURCE_PARTITION,
+    DLQ_SOURCE_TOPIC,
+    EVENT_ID_HEADER,
+    EVENT_TYPE_HEADER,
+    is_retriable,
+)
+from podium.bus.kafka import KafkaConfig
+from podium.errors import BusError, PodiumError
+from podium.rewards import RewardConfig
+from podium.rewards.events import score_record
+from reward_svc.config import ServiceConfig
+
+_log = logging.getLogger("reward_svc")
+_MAX_ERROR_CHARS = 2000
+
+
+@dataclass
+class LoopStats:
+    """What the loop did, for logs and tests."""
+
+    transactions: int = 0
+    """Committed transactions."""
+    aborted: int = 0
+    """Transactions aborted and retried."""
+    scored: int = 0
+    """Scored trajectories committed."""
+    dead_lettered: int = 0
+    """Poison records committed to the dead-letter topic."""
+    penalties_fired: dict[str, int] = field(default_factory=dict)
+    """How often each detector charged a penalty."""
+
+
+def dead_letter_headers(
+    record: Any, exc: BaseException, *, group_id: str, producer: str
+) -> list[tuple[str, bytes]]:
+    """Headers naming where a poison record came from and why it was rejected."""
+    return [
+        *[(k, v) for k, v in (record.headers or ())],
+        (DLQ_SOURCE_TOPIC, record.topic.encode()),
+        (DLQ_SOURCE_PARTITION, str(record.partition).encode()),
+        (DLQ_SOURCE_OFFSET, str(record.offset).encode()),
+        (DLQ_ERROR, str(exc)[:_MAX_ERROR_CHARS].encode("utf-8", "replace")),
+        (DLQ_ERROR_TYPE, type(exc).__name__.encode()),
+        (DLQ_GROUP, group_id.encode()),
+        (DLQ_PRODUCER, producer.encode()),
+        (DLQ_FAILED_AT_MS, str(int(time.time() * 1000)).encode()),
+    ]
+
+
+async def ensure_topics(kafka: KafkaConfig, names: Sequence[str], partitions: int) -> None:
+    """Create the topics the service reads and writes if they do not exist yet."""
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [n for n in names if n not in existing]
+        if missing:
+            # Another replica may create them first; that is fine.
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(
+                    [NewTopic(n, partitions, kafka.replication_factor) for n in missing]
+                )
+    finally:
+        await admin.close()
+
+
+class KafkaRewardService:
+    """The exactly-once reward loop. ``await run()``; ``request_stop()`` ends it gracefully."""
+
+    def __init__(self, config: ServiceConfig, reward: RewardConfig) -> None:
+        self.config = config
+        self.reward = reward
+        self.kafka = KafkaConfig.from_url(config.bus_url)
+        self.stats = LoopStats()
+        self._stop = asyncio.Event()
+
+    def request_stop(self) -> None:
+        """Finish the transaction in hand, then stop (called from the SIGTERM handler)."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Consume, score and produce until :meth:`request_stop`."""
+        cfg = self.config
+        dlq = topics.dead_letter(cfg.in_topic)
+        await ensure_topics(self.kafka, [cfg.in_topic, cfg.out_topic, dlq], cfg.partitions)
+        common = self.kafka.client_kwargs()
+        consumer = AIOKafkaConsumer(
+            cfg.in_topic,
+            **common,
+            group_id=cfg.group_id,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            session_timeout_ms=self.kafka.session_timeout_ms,
+            heartbeat_interval_ms=self.kafka.heartbeat_interval_ms,
+        )
+        producer = AIOKafkaProducer(
+            **common,
+            transactional_id=cfg.transactional_id,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=self.kafka.linger_ms,
+        )
+        # Starting the transactional producer runs InitProducerId: the broker bumps the epoch of
+        # this transactional id, aborting whatever transaction a killed predecessor left open.
+        await producer.start()
+        try:
+            await consumer.start()
+            try:
+                _log.info(
+                    "reward_svc: consuming %s as %s (transactional id %s), reward %s",
+                    cfg.in_topic,
+                    cfg.group_id,
+                    cfg.transactional_id,
+                    self.reward.version,
+                )
+                while not self._stop.is_set():
+                    batch = await consumer.getmany(
+                        timeout_ms=cfg.poll_timeout_ms, max_records=cfg.max_batch
+                    )
+                    if batch:
+                        await self._process(consumer, producer, batch, dlq)
+            finally:
+                await consumer.stop()
+        finally:
+            await producer.stop()
+        _log.info("reward_svc: stopped (%s)", self.stats)
+
+    async def _process(
+        self,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        batch: dict[TopicPartition, list[Any]],
+        dlq: str,
+    ) -> None:
+        """One batch, one transaction; on a broker error abort and rewind, never skip."""
+        cfg = self.config
+        scored = dead = 0
+        fired: list[str] = []
+        try:
+            await producer.begin_transaction()
+            for records in batch.values():
+                for record in records:
+                    if cfg.record_delay_ms:
+                        await asyncio.sleep(cfg.record_delay_ms / 1000)
+                    try:
+                        out = score_record(
+                            record.value,
+                            self.reward,
+                            producer=cfg.producer_name,
+                            fixed_progress=cfg.fixed_progress,
+                        )
+                    except Exception as exc:
+                        # Bad bytes, an unscorable trajectory, or a scoring bug on this one
+                        # record: retrying cannot help, so it goes to the dead-letter topic.
+                        if is_retriable(exc):
+                            raise
+                        _log.warning(
+                            "reward_svc: dead-lettering %s[%d]@%d: %s",
+                            record.topic,
+                            record.partition,
+                            record.offset,
+                            exc,
+                        )
+                        await producer.send(
+                            dlq,
+                            value=record.value,
+                            key=record.key,
+                            headers=dead_letter_headers(
+                                record, exc, group_id=cfg.group_id, producer=cfg.producer_name
+                            ),
+                        )
+                        dead += 1
+                        continue
+                    await producer.send(
+                        cfg.out_topic,
+                        value=out.value,
+                        key=out.key.encode(),
+                        headers=[
+                            (EVENT_ID_HEADER, out.event_id.encode()),
+                            (EVENT_TYPE_HEADER, b"podium.v1.ScoredTrajectory"),
+                        ],
+                    )
+                    scored += 1
+                    fired += [f.name for f in out.breakdown.findings if f.triggered]
+            offsets = {tp: records[-1].offset + 1 for tp, records in batch.items()}
+            await producer.send_offsets_to_transaction(offsets, cfg.group_id)
+            await producer.commit_transaction()
+        except ProducerFenced:
+            # Another instance took over our transactional id: we must not write again.
+            _log.error("reward_svc: fenced by a newer instance; stopping")
+            self._stop.set()
+            return
+        except (KafkaError, PodiumError, OSError) as exc:
+            _log.warning("reward_svc: transaction aborted, batch will be retried: %s", exc)
+            self.stats.aborted += 1
+            try:
+                await producer.abort_transaction()
+            except KafkaError as abort_exc:  # pragma: no cover - broker gone as well
+                raise BusError(f"abort failed: {abort_exc}", retriable=True) from abort_exc
+            for tp, records in batch.items():
+                consumer.seek(tp, records[0].offset)
+            await asyncio.sleep(0.5)
+            return
+        self.stats.transactions += 1
+        self.stats.scored += scored
+        self.stats.dead_lettered += dead
+        for name in fired:
+            self.stats.penalties_fired[name] = self.stats.penalties_fired.get(name, 0) + 1
+        _log.info(
+            "reward_svc: committed %d scored, %d dead-lettered (total %d/%d)",
+            scored,
+            dead,
+            self.stats.scored,
+            self.stats.dead_lettered,
+        )
