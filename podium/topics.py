@@ -7,7 +7,7 @@ from typing import Final
 TASKS: Final = "podium.tasks.v1"
 """TaskSubmitted: a session was opened (orchestrator_svc)."""
 SUBTASKS_ASSIGNED: Final = "podium.subtasks.assigned.v1"
-"""SubtaskAssigned: work for sub-agents, keyed by session id (orchestrator_svc -> subagent_svc)."""
+"""SubtaskAssigned: work for sub-agents, keyed by execution id so a session's parallel work spreads over workers (orchestrator_svc -> subagent_svc)."""
 SUBTASK_RESULTS: Final = "podium.subtasks.results.v1"
 """SubtaskResult: finished executions (subagent_svc -> orchestrator_svc)."""
 TRAJECTORIES: Final = "podium.trajectories.v1"

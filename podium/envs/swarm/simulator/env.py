@@ -440,6 +440,12 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         row[5 + A] = 1.0 if part == MERGE_PART else 0.0
         return row
 
+    def observation(self) -> NDArray[np.float32]:
+        """The current observation (what the last ``reset``/``step`` returned), read-only view."""
+        view = self._obs.view()
+        view.flags.writeable = False
+        return view
+
     def action_masks(self) -> NDArray[np.bool_]:
         """Boolean mask over the action space: True where the action is valid now.
 

@@ -1,0 +1,304 @@
+"""The orchestrator service: task intake, sessions, trajectories.
+
+Three consumers and one gRPC server, built from ``(config, bus)``:
+
+* ``<group>.tasks`` on ``TaskSubmitted``: each event opens a session (at most
+  ``max_sessions`` at once; beyond that the handler waits, which is backpressure on the topic).
+  Tasks arrive from SubmitTask or straight from a training driver; both take this one path.
+* ``<group>.results`` on ``SubtaskResult``: routed to the running session by session id;
+  results of sessions this process does not run (stale runs) are logged and skipped.
+* ``<group>.scores`` on ``ScoredTrajectory``: attaches the reward breakdown to the session
+  so GetSession can show it.
+
+Delivery: a TaskSubmitted is committed once its session has *started*, not when it ends, so
+that many sessions run at once; a crash loses the runs in flight (their TaskSubmitted stays
+in the log for replay, and sessions are deterministic given their seed). Results are keyed
+by session, and one orchestrator replica per results partition is assumed for now: a
+replica only routes results to sessions it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from orchestrator_svc.config import OrchestratorConfig
+from orchestrator_svc.grpc_api import GrpcServer, task_message
+from orchestrator_svc.policy import SchedulingPolicy, make_policy
+from orchestrator_svc.session import Session, SessionHandle, SessionSettings
+from orchestrator_svc.specs import validate_task
+from podium import topics
+from podium.bus.base import Bus, Record, TopicSpec
+from podium.bus.consumer import EventConsumer, EventPublisher
+from podium.codec import unpack_as
+from podium.envs.swarm.pool import SubagentPool
+from podium.envs.swarm.spec import PoolSpec, default_pool, load_pool
+from podium.envs.swarm.trajectory import task_to_proto
+from podium.errors import ConfigError, ProcessingError, SpecError
+from podium.service import default_instance_name
+from podium.telemetry import TracingServerInterceptor
+from podium.v1 import envelope_pb2, reward_pb2, session_service_pb2, subtask_pb2, task_pb2
+
+_log = logging.getLogger(__name__)
+
+SERVICE = "orchestrator_svc"
+"""Service name (OpenTelemetry ``service.name``, default instance prefix)."""
+
+
+class OrchestratorApp:
+    """The orchestrator process (or embedded task)."""
+
+    name = SERVICE
+
+    def __init__(
+        self,
+        config: OrchestratorConfig,
+        bus: Bus,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        pool: PoolSpec | None = None,
+        policy: SchedulingPolicy | None = None,
+        serve_grpc: bool = True,
+        on_event: Callable[[str, str], None] | None = None,
+    ) -> None:
+        """``serve_grpc=False`` runs the bus side only (embedded training drivers);
+        ``on_event(session_id, line)`` receives human-readable progress lines."""
+        self.config = config
+        self.bus = bus
+        self.instance = config.instance or default_instance_name(SERVICE)
+        try:
+            spec = (
+                pool
+                if pool is not None
+                else (load_pool(config.pool_spec) if config.pool_spec else default_pool())
+            )
+        except SpecError as exc:
+            raise ConfigError(f"PODIUM_POOL_SPEC={config.pool_spec!r}: {exc}") from exc
+        self.pool_spec = spec
+        self.pool = SubagentPool(spec)
+        self.policy = policy if policy is not None else make_policy(config.policy)
+        provider = tracer_provider or trace.get_tracer_provider()
+        self.tracer = provider.get_tracer(SERVICE)
+        self.on_event = on_event
+        self.publisher = EventPublisher(bus, producer_name=self.instance)
+        self.settings = SessionSettings(
+            producer=self.instance,
+            result_timeout_s=config.session_timeout_s,
+            max_decisions=config.max_decisions,
+        )
+        self.tasks_consumer = EventConsumer(
+            bus,
+            [topics.TASKS],
+            f"{config.group_id}.tasks",
+            self._on_task,
+            max_batch=16,
+            producer_name=self.instance,
+            partitions=config.topic_partitions,
+        )
+        self.results_consumer = EventConsumer(
+            bus,
+            [topics.SUBTASK_RESULTS],
+            f"{config.group_id}.results",
+            self._on_result,
+            producer_name=self.instance,
+            partitions=config.topic_partitions,
+        )
+        self.scores_consumer = EventConsumer(
+            bus,
+            [topics.SCORED_TRAJECTORIES],
+            f"{config.group_id}.scores",
+            self._on_score,
+            producer_name=self.instance,
+            partitions=config.topic_partitions,
+        )
+        self.serve_grpc = serve_grpc
+        # Built in start(): a grpc.aio server binds to the event loop it is created in.
+        self.grpc: GrpcServer | None = None
+        self.handles: OrderedDict[str, SessionHandle] = OrderedDict()
+        self.running: dict[str, Session] = {}
+        self._by_request: dict[str, str] = {}
+        self._slots = asyncio.Semaphore(config.max_sessions)
+        self._session_tasks: set[asyncio.Task[None]] = set()
+        self._consumer_tasks: list[asyncio.Task[None]] = []
+        self.sessions_finished = 0
+
+    @property
+    def grpc_port(self) -> int:
+        """Port the SessionService is bound to (0 before start or without gRPC)."""
+        return self.grpc.port if self.grpc is not None else 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        p = self.config.topic_partitions
+        await self.bus.create_topics(
+            [
+                TopicSpec(t, p)
+                for t in (topics.SUBTASKS_ASSIGNED, topics.TRAJECTORIES, topics.FEEDBACK)
+            ]
+        )
+        for consumer in (self.results_consumer, self.scores_consumer, self.tasks_consumer):
+            await consumer.start()
+            self._consumer_tasks.append(
+                asyncio.create_task(consumer.run(), name=f"{SERVICE}.{consumer.group_id}")
+            )
+        if self.serve_grpc:
+            self.grpc = GrpcServer(
+                self,
+                host=self.config.grpc_host,
+                port=self.config.grpc_port,
+                max_message_bytes=self.config.grpc_max_message_bytes,
+                interceptor=TracingServerInterceptor(self.tracer),
+            )
+            port = await self.grpc.start()
+            _log.info("%s: SessionService on %s:%d", self.instance, self.config.grpc_host, port)
+
+    async def stop(self) -> None:
+        """Graceful: stop intake (gRPC NOT_SERVING, no new tasks), let running sessions finish
+        within the shutdown timeout, then stop the result and score consumers."""
+        timeout = self.config.shutdown_timeout_s
+        if self.grpc is not None:
+            await self.grpc.set_serving(False)
+        await self.tasks_consumer.stop(timeout_s=timeout)
+        if self._session_tasks:
+            _, pending = await asyncio.wait(set(self._session_tasks), timeout=timeout)
+            for t in pending:
+                t.cancel()
+            for t in pending:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+        await asyncio.gather(
+            self.results_consumer.stop(timeout_s=timeout),
+            self.scores_consumer.stop(timeout_s=timeout),
+        )
+        if self.grpc is not None:
+            await self.grpc.stop(grace_s=min(timeout, 5.0))
+        await asyncio.wait(self._consumer_tasks, timeout=timeout)
+
+    async def wait(self) -> None:
+        if self._consumer_tasks:
+            done, _ = await asyncio.wait(self._consumer_tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                t.result()
+
+    # ------------------------------------------------------------------ SessionBackend
+
+    async def submit(
+        self, request: session_service_pb2.SubmitTaskRequest, submitted_by: str
+    ) -> str:
+        """Validate, register and publish a task; returns the session id."""
+        if request.client_request_id and request.client_request_id in self._by_request:
+            return self._by_request[request.client_request_id]
+        task = validate_task(
+            self.pool_spec, message=task_message(request), text=request.task_spec_text
+        )
+        session_id = str(uuid.uuid4())
+        message = task_to_proto(task)
+        submitted = task_pb2.TaskSubmitted(
+            session_id=session_id, task=message, submitted_by=submitted_by, seed=request.seed
+        )
+        submitted.submitted_at.FromDatetime(datetime.now(UTC))
+        self._register(SessionHandle(session_id=session_id, task=message))
+        if request.client_request_id:
+            self._by_request[request.client_request_id] = session_id
+        await self.publisher.publish(
+            topics.TASKS,
+            submitted,
+            key=session_id,
+            idempotency_key=request.client_request_id or session_id,
+        )
+        return session_id
+
+    def session(self, session_id: str) -> SessionHandle | None:
+        return self.handles.get(session_id)
+
+    async def feedback(self, feedback: reward_pb2.Feedback) -> str:
+        published = await self.publisher.publish(topics.FEEDBACK, feedback, key=feedback.session_id)
+        return published.envelope.event_id
+
+    def _register(self, handle: SessionHandle) -> SessionHandle:
+        existing = self.handles.get(handle.session_id)
+        if existing is not None:
+            return existing
+        self.handles[handle.session_id] = handle
+        # Forget the oldest finished sessions beyond the retention limit.
+        while len(self.handles) > self.config.keep_sessions:
+            oldest_id, oldest = next(iter(self.handles.items()))
+            if not oldest.finished:
+                break
+            del self.handles[oldest_id]
+        return handle
+
+    # ------------------------------------------------------------------ consumers
+
+    async def _on_task(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
+        submitted = unpack_as(envelope, task_pb2.TaskSubmitted)
+        sid = submitted.session_id
+        if not sid:
+            raise ProcessingError(f"TaskSubmitted {envelope.event_id} has no session_id")
+        if sid in self.running or (sid in self.handles and self.handles[sid].finished):
+            _log.info("session %s already run here; skipping redelivered TaskSubmitted", sid)
+            return
+        try:
+            task = validate_task(self.pool_spec, message=submitted.task)
+        except SpecError as exc:
+            # Not retriable: EventConsumer dead-letters it with the reason in the headers.
+            handle = self.handles.get(sid)
+            if handle is not None:
+                handle.state = session_service_pb2.SESSION_STATE_FAILED
+            raise ProcessingError(f"session {sid}: invalid task ({exc.field}): {exc}") from exc
+        handle = self._register(SessionHandle(session_id=sid, task=submitted.task))
+        await self._slots.acquire()  # backpressure: hold the batch until a slot frees up
+        session = Session(
+            submitted,
+            task,
+            self.pool,
+            self.policy,
+            self.publisher,
+            handle,
+            self.settings,
+            self.tracer,
+            on_event=self.on_event,
+        )
+        self.running[sid] = session
+        task_ = asyncio.create_task(self._run(session), name=f"session {sid}")
+        self._session_tasks.add(task_)
+        task_.add_done_callback(self._session_tasks.discard)
+
+    async def _run(self, session: Session) -> None:
+        try:
+            await session.run()
+            self.sessions_finished += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            _log.exception("session %s crashed", session.session_id)
+            if not session.handle.finished:
+                session.handle.state = session_service_pb2.SESSION_STATE_FAILED
+        finally:
+            self.running.pop(session.session_id, None)
+            self._slots.release()
+
+    async def _on_result(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
+        result = unpack_as(envelope, subtask_pb2.SubtaskResult)
+        session = self.running.get(result.session_id)
+        if session is None or not await session.on_result(result):
+            _log.info(
+                "skipping result %s of session %s: not awaited here (stale run or duplicate)",
+                result.execution_id,
+                result.session_id,
+            )
+
+    async def _on_score(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
+        scored = unpack_as(envelope, reward_pb2.ScoredTrajectory)
+        handle = self.handles.get(scored.trajectory.session_id)
+        if handle is not None and handle.result is not None:
+            handle.result.score.CopyFrom(scored)

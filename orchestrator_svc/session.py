@@ -1,0 +1,471 @@
+"""One orchestrated session: the swarm environment driven over the bus.
+
+The orchestrator hosts a :class:`~podium.envs.swarm.simulator.SwarmEnv` per session so the
+policy sees the observation and mask it was trained on, but swaps the environment's executor
+for :class:`BusSimulator`: started executions become ``SubtaskAssigned`` events and their
+outcomes come back as ``SubtaskResult`` events from ``subagent_svc``.
+
+**Simulated time needs every running result.** The clock is event-driven: a WAIT jumps to the
+next completion, and after every decision the completions already due are delivered. The
+orchestrator can only know which running execution finishes first in *simulated* time once
+it has the results of *all* running executions (a result still on the wire could end earlier
+than every result in hand). So before each decision the session waits until every running
+execution has reported. New executions start at the current clock and last a positive time,
+so they are never due within the decision that starts them; this is what lets the
+environment's synchronous ``step`` run unchanged. With seeds drawn in the same order as the
+simulator's, a session over the bus reproduces the simulated session exactly (tested).
+The price is one bus round trip per decision; real (not simulated) sub-agents would instead
+be scheduled in wall-clock time as their results arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import random
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+from opentelemetry import trace
+
+from orchestrator_svc.policy import SchedulingPolicy
+from podium import topics
+from podium.bus.consumer import EventPublisher
+from podium.envs.swarm.pool import SubagentPool
+from podium.envs.swarm.simulator.env import FINISH, START, WAIT, EnvConfig, SwarmEnv
+from podium.envs.swarm.simulator.executor import SwarmSimulator
+from podium.envs.swarm.spec import TaskSpec
+from podium.envs.swarm.state import ExecutionRecord, InvalidActionError, StateConfig
+from podium.envs.swarm.trajectory import episode_trajectory, execution_context
+from podium.errors import PodiumError
+from podium.v1 import session_service_pb2 as ss_pb2
+from podium.v1 import subtask_pb2, task_pb2, trajectory_pb2
+
+_log = logging.getLogger(__name__)
+
+ENV_NAME = "swarm"
+"""``Trajectory.env`` of orchestrated sessions."""
+
+
+class SessionTimeout(PodiumError):
+    """Sub-agent results did not arrive within the session timeout."""
+
+
+# --------------------------------------------------------------------------- executor
+
+
+class BusSimulator(SwarmSimulator):
+    """The simulator's interface, with outcomes supplied by sub-agents over the bus.
+
+    ``start`` draws each execution's seed from the session generator exactly as
+    :class:`SwarmSimulator` does, but instead of sampling the outcome it queues the execution
+    in :attr:`outbox` for the session to publish. :meth:`add_result` feeds outcomes back;
+    ``wait`` and ``deliver_due`` then behave as the simulator's, over those outcomes.
+    """
+
+    def __init__(
+        self,
+        task: TaskSpec,
+        pool: SubagentPool,
+        seed: int,
+        config: StateConfig | None = None,
+    ) -> None:
+        super().__init__(task, pool, seed=seed, config=config)
+        self.outbox: list[ExecutionRecord] = []
+        """Executions started but not yet published."""
+        self.results: dict[int, subtask_pb2.SubtaskResult] = {}
+        """Results received, by execution number."""
+        self.delivered: list[int] = []
+        """Executions whose completion the state has seen, in delivery order."""
+
+    def start(self, slot: int, agent: int, k: int = 1) -> list[ExecutionRecord]:
+        recs = self.state.start(slot, agent, k)
+        for rec in recs:
+            # Same draw, same order as SwarmSimulator.start: replays match the simulator.
+            self.seeds[rec.id] = self.rng.getrandbits(63)
+            self.outbox.append(rec)
+        return recs
+
+    def add_result(self, execution: int, result: subtask_pb2.SubtaskResult) -> bool:
+        """Record the outcome of a running execution; False if it is not awaited (duplicate)."""
+        if execution in self.results or execution not in self.state.running:
+            return False
+        self.results[execution] = result
+        ok = result.outcome == subtask_pb2.OUTCOME_SUCCESS
+        heapq.heappush(self._events, (result.end_time, execution, ok))
+        return True
+
+    def missing(self) -> list[int]:
+        """Running executions whose result has not arrived."""
+        return [e for e in self.state.running if e not in self.results]
+
+    def deliver_due(self) -> int:
+        ev, st, n = self._events, self.state, 0
+        # The invariant of the module docstring: only executions started at this very clock
+        # (by the decision being applied) may still lack a result; they cannot be due yet.
+        if any(st.running[e].start < st.clock for e in self.missing()):
+            raise InvalidActionError("deliver_due() with results of earlier executions missing")
+        while ev and ev[0][0] <= st.clock:
+            end, eid, ok = heapq.heappop(ev)
+            st.complete(eid, ok, end, self.results[eid].output if ok else None)
+            self.delivered.append(eid)
+            n += 1
+        return n
+
+
+# --------------------------------------------------------------------------- handle
+
+
+@dataclass
+class SessionHandle:
+    """What gRPC sees of a session: its state, its event stream and its outcome."""
+
+    session_id: str
+    task: task_pb2.TaskSpec
+    state: int = ss_pb2.SESSION_STATE_PENDING
+    events: list[ss_pb2.StreamSessionResponse] = field(default_factory=list)
+    result: ss_pb2.SessionResult | None = None
+    trajectory: trajectory_pb2.Trajectory | None = None
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the session ended (its last event is the result)."""
+        return self.result is not None
+
+    async def emit(self, **event: object) -> None:
+        """Append one stream event (``decision=``, ``subagent_started=``, ...)."""
+        msg = ss_pb2.StreamSessionResponse(session_id=self.session_id, seq=len(self.events))
+        for name, value in event.items():
+            getattr(msg, name).CopyFrom(value)
+        self.events.append(msg)
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def finish(self, result: ss_pb2.SessionResult) -> None:
+        """Record the outcome and emit it as the last event."""
+        self.result = result
+        self.state = result.state
+        await self.emit(result=result)
+
+    async def stream(self, start: int = 0) -> AsyncIterator[ss_pb2.StreamSessionResponse]:
+        """Every event from ``start`` on, live, until the result has been yielded."""
+        i = start
+        while True:
+            while i < len(self.events):
+                yield self.events[i]
+                i += 1
+            if self.finished:
+                return
+            async with self._changed:
+                await self._changed.wait_for(lambda n=i: len(self.events) > n)  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- session
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """Per-orchestrator settings a session runs with."""
+
+    producer: str
+    """Service instance name (stamped on events)."""
+    result_timeout_s: float = 120.0
+    """Wall-clock time to wait for the results of running executions."""
+    max_decisions: int = 10_000
+    """Decisions after which the session is truncated (counted as a loop)."""
+    record_tensors: bool = False
+    """Put observation tensors and masks into decisions (for on-policy training)."""
+
+
+class Session:
+    """Runs one task to its end: decisions, assignments, results, trajectory."""
+
+    def __init__(
+        self,
+        submitted: task_pb2.TaskSubmitted,
+        task: TaskSpec,
+        pool: SubagentPool,
+        policy: SchedulingPolicy,
+        publisher: EventPublisher,
+        handle: SessionHandle,
+        settings: SessionSettings,
+        tracer: trace.Tracer,
+        *,
+        on_event: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.submitted = submitted
+        self.session_id = submitted.session_id
+        self.task = task
+        self.pool = pool
+        self.policy = policy
+        self.publisher = publisher
+        self.handle = handle
+        self.settings = settings
+        self.tracer = tracer
+        self.on_event = on_event
+        """Optional ``(session_id, line)`` callback for human-readable progress (the demo)."""
+        self.seed = int(submitted.seed) or random.SystemRandom().getrandbits(63)
+        # A run id makes execution ids unique per run, so results left over from an earlier
+        # run of the same session (a redelivered TaskSubmitted) are recognised as stale.
+        self.run_id = secrets.token_hex(4)
+        n = len(task.subtasks)
+        self.env = SwarmEnv(
+            [task],
+            pool,
+            EnvConfig(
+                max_subtasks=max(64, n), invalid_action="raise", max_steps=settings.max_decisions
+            ),
+        )
+        self.sim = BusSimulator(
+            task, pool, self.seed, StateConfig(loop_retry_limit=self.env.config.loop_retry_limit)
+        )
+        self.assigned: dict[int, subtask_pb2.SubtaskAssigned] = {}
+        self.decisions: list[trajectory_pb2.Decision] = []
+        self.peak_parallel = 0
+        self.end_reason = ""
+        self._arrived = asyncio.Condition()
+
+    # ----------------------------------------------------------------- ids
+
+    def execution_id(self, execution: int) -> str:
+        """Public id of execution number ``execution`` of this run."""
+        return f"{self.session_id}.{self.run_id}.{execution}"
+
+    def execution_number(self, execution_id: str) -> int | None:
+        """Execution number of a public id of this run, else None (stale or foreign)."""
+        prefix = f"{self.session_id}.{self.run_id}."
+        if not execution_id.startswith(prefix):
+            return None
+        tail = execution_id[len(prefix) :]
+        return int(tail) if tail.isdigit() else None
+
+    # ----------------------------------------------------------------- results in
+
+    async def on_result(self, result: subtask_pb2.SubtaskResult) -> bool:
+        """Feed a SubtaskResult of this session; False if stale or duplicate."""
+        number = self.execution_number(result.execution_id)
+        if number is None or not self.sim.add_result(number, result):
+            return False
+        async with self._arrived:
+            self._arrived.notify_all()
+        return True
+
+    async def _await_running(self) -> None:
+        if not self.sim.missing():
+            return
+        async with self._arrived:
+            try:
+                await asyncio.wait_for(
+                    self._arrived.wait_for(lambda: not self.sim.missing()),
+                    self.settings.result_timeout_s,
+                )
+            except TimeoutError:
+                ids = ", ".join(self.execution_id(e) for e in self.sim.missing()[:5])
+                raise SessionTimeout(
+                    f"no result within {self.settings.result_timeout_s:g}s for: {ids}"
+                ) from None
+
+    # ----------------------------------------------------------------- the loop
+
+    async def run(self) -> trajectory_pb2.Trajectory:
+        """Run the session to its end and publish its trajectory; returns it."""
+        started_at = datetime.now(UTC)
+        with self.tracer.start_as_current_span(
+            "session", attributes={"podium.session_id": self.session_id}
+        ):
+            obs, _ = self.env.reset(seed=self.seed & 0xFFFFFFFF, options={"task": self.task})
+            # Swap the executor: same fresh state, outcomes from the bus (see module doc).
+            self.env.sim = self.sim
+            self.env._refresh()
+            self.handle.state = ss_pb2.SESSION_STATE_RUNNING
+            terminated = truncated = False
+            try:
+                while not (terminated or truncated):
+                    await self._await_running()
+                    obs, terminated, truncated = await self._decide(obs)
+                if self.sim.state.loop_detected:
+                    self.end_reason = self.sim.state.loop_reason
+                elif truncated:
+                    self.end_reason = f"truncated after {len(self.decisions)} decisions"
+            except SessionTimeout as exc:
+                self.end_reason = f"timeout: {exc}"
+                _log.warning("session %s: %s", self.session_id, exc)
+            trajectory = self._trajectory(started_at, truncated)
+            await self.publisher.publish(
+                topics.TRAJECTORIES,
+                trajectory,
+                key=self.session_id,
+                idempotency_key=f"trajectory:{self.session_id}",
+            )
+            await self.handle.finish(self._result(trajectory))
+            self.handle.trajectory = trajectory
+            return trajectory
+
+    async def _decide(self, obs: np.ndarray) -> tuple[np.ndarray, bool, bool]:  # type: ignore[type-arg]
+        env, state = self.env, self.sim.state
+        step = self.policy.act(env, obs)
+        mask = env.action_masks()
+        summary = trajectory_pb2.ObservationSummary(clock=state.clock, **state.summary())
+        kind, slot, agent, k = env.codec.decode(step.action)
+        decision = trajectory_pb2.Decision(
+            step=len(self.decisions),
+            observation=summary,
+            action=trajectory_pb2.Action(
+                type=trajectory_pb2.ActionType.ValueType(kind),
+                subtask_id=self.task.subtasks[slot].id if kind == START else "",
+                agent=self.pool.agent_names[agent] if kind == START else "",
+                split_k=k if kind == START else 0,
+                index=step.action,
+            ),
+            log_prob=step.log_prob,
+            value=step.value,
+            action_mask_size=int(mask.size),
+            valid_actions=int(np.count_nonzero(mask)),
+            policy_version=self.policy.version,
+        )
+        if self.settings.record_tensors:
+            decision.observation_tensor = obs.astype("<f4").tobytes()
+            decision.action_mask = mask.astype(np.uint8).tobytes()
+        before = len(self.sim.delivered)
+        obs, reward, terminated, truncated, _ = env.step(step.action)
+        decision.env_reward = float(reward)
+        self.decisions.append(decision)
+        await self.handle.emit(decision=decision)
+        self._say(self._describe(decision))
+        for eid in self.sim.delivered[before:]:
+            result = self.sim.results[eid]
+            await self.handle.emit(subagent_finished=result)
+            self._say(
+                f"  t={result.end_time:6.2f}  {result.subtask_id} finished on {result.agent}: "
+                f"{subtask_pb2.Outcome.Name(result.outcome).removeprefix('OUTCOME_').lower()}"
+            )
+        await self._publish_outbox()
+        self.peak_parallel = max(self.peak_parallel, len(state.running))
+        return obs, terminated, truncated
+
+    async def _publish_outbox(self) -> None:
+        state = self.sim.state
+        outbox, self.sim.outbox = self.sim.outbox, []
+        for rec in outbox:
+            unit = rec.unit
+            spec = self.task.subtasks[rec.slot]
+            # The same isolated context the simulator's trajectories record: the unit's own
+            # spec and its dependencies' outputs, nothing else.
+            context = execution_context(state, unit, rec.context_units)
+            deps = context.dependency_results
+            assigned = subtask_pb2.SubtaskAssigned(
+                session_id=self.session_id,
+                execution_id=self.execution_id(rec.id),
+                subtask_id=state.unit_id(unit),
+                kind=spec.kind,
+                agent=self.pool.agent_names[rec.agent],
+                attempt=rec.attempt,
+                split_k=rec.split_k,
+                context=context,
+                sim_time=rec.start,
+                seed=self.sim.seeds[rec.id],
+            )
+            self.assigned[rec.id] = assigned
+            # Keyed by execution id, not by session (one session's parallel executions must
+            # spread over the worker group) nor by agent kind (a handful of agent names hash
+            # onto few partitions and leave workers idle; per-kind worker pools would use
+            # per-kind topics instead).
+            await self.publisher.publish(
+                topics.SUBTASKS_ASSIGNED,
+                assigned,
+                key=assigned.execution_id,
+                idempotency_key=assigned.execution_id,
+            )
+            await self.handle.emit(
+                subagent_started=ss_pb2.SubagentStarted(
+                    execution_id=assigned.execution_id,
+                    subtask_id=assigned.subtask_id,
+                    agent=assigned.agent,
+                    sim_time=assigned.sim_time,
+                )
+            )
+            self._say(
+                f"  t={rec.start:6.2f}  {assigned.subtask_id} -> {assigned.agent} "
+                f"(attempt {rec.attempt}, context: {len(deps)} dependency outputs)"
+            )
+
+    # ----------------------------------------------------------------- output
+
+    def _describe(self, d: trajectory_pb2.Decision) -> str:
+        a = d.action
+        head = f"decision {d.step:3d} t={d.observation.clock:6.2f}"
+        if a.type == START:
+            split = f" split k={a.split_k}" if a.split_k > 1 else ""
+            return f"{head}  START {a.subtask_id} on {a.agent}{split} ({d.valid_actions} valid)"
+        if a.type == WAIT:
+            return f"{head}  WAIT ({d.observation.running} running)"
+        if a.type == FINISH:
+            return f"{head}  FINISH"
+        return f"{head}  action {a.index}"
+
+    def _say(self, line: str) -> None:
+        if self.on_event is not None:
+            self.on_event(self.session_id, line)
+
+    def _trajectory(self, started_at: datetime, truncated: bool) -> trajectory_pb2.Trajectory:
+        """The environment's trajectory of this episode, with what only the bus knows filled
+        in: real execution ids, outcomes (MALFORMED included), tool calls, verification."""
+        traj = episode_trajectory(
+            self.env,
+            policy_version=self.policy.version,
+            trajectory_id=self.session_id,
+            session_id=self.session_id,
+            labels={
+                "seed": str(self.seed),
+                "run_id": self.run_id,
+                "policy": self.policy.name,
+                "submitted_by": self.submitted.submitted_by,
+                **({"end_reason": self.end_reason} if self.end_reason else {}),
+            },
+        )
+        # Decisions as streamed (they also carry log-probs, values, rewards and tensors).
+        del traj.decisions[:]
+        traj.decisions.extend(self.decisions)
+        traj.loop_detected = traj.loop_detected or truncated
+        traj.started_at.FromDatetime(started_at)
+        traj.ended_at.FromDatetime(datetime.now(UTC))
+        for rec, ex in zip(self.sim.state.executions, traj.executions, strict=True):
+            assigned = self.assigned.get(rec.id)
+            if assigned is not None:
+                ex.execution_id = assigned.execution_id
+                ex.context.CopyFrom(assigned.context)
+            result = self.sim.results.get(rec.id)
+            if result is not None and rec.success is not None:
+                ex.outcome = result.outcome
+                ex.verified = result.verified
+                ex.tool_calls.extend(result.tool_calls)
+        return traj
+
+    def _result(self, traj: trajectory_pb2.Trajectory) -> ss_pb2.SessionResult:
+        state = self.sim.state
+        ok = traj.completed
+        summary = (
+            f"{self.task.name}: {'completed' if ok else 'not completed'} "
+            f"{state.done_slots}/{state.num_slots} subtasks in {traj.latency:.2f} "
+            f"(lower bound {traj.lower_bound:.2f}, ratio {traj.latency / traj.lower_bound:.2f}), "
+            f"{len(traj.decisions)} decisions, {len(traj.executions)} executions, "
+            f"peak parallelism {self.peak_parallel}"
+            + (f"; {self.end_reason}" if self.end_reason else "")
+        )
+        return ss_pb2.SessionResult(
+            state=ss_pb2.SESSION_STATE_SUCCEEDED if ok else ss_pb2.SESSION_STATE_FAILED,
+            latency=traj.latency,
+            lower_bound=traj.lower_bound,
+            completed_subtasks=state.done_slots,
+            total_subtasks=state.num_slots,
+            loop_detected=traj.loop_detected,
+            decisions=len(traj.decisions),
+            executions=len(traj.executions),
+            peak_parallelism=self.peak_parallel,
+            summary=summary,
+        )

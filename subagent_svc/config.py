@@ -1,0 +1,31 @@
+"""Settings of subagent_svc, read from the environment by ``python -m subagent_svc``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from podium.config import ServiceConfig, env, positive_int
+
+
+def non_negative_float(raw: str) -> float:
+    """A number >= 0."""
+    value = float(raw)
+    if not value >= 0:
+        raise ValueError("expected a number >= 0")
+    return value
+
+
+@dataclass(frozen=True)
+class SubagentConfig(ServiceConfig):
+    """subagent_svc settings (plus the shared ones of :class:`podium.config.ServiceConfig`)."""
+
+    group_id: str = env("PODIUM_GROUP_ID", default="subagent")
+    """Consumer group of the workers; every process in it shares the assignment partitions."""
+    pool_spec: str = env("PODIUM_POOL_SPEC", default="")
+    """Pool spec file (JSON/YAML) of the simulated sub-agents; empty = the shipped default.
+    Must be the same pool the orchestrator schedules for."""
+    batch_max: int = env("PODIUM_BATCH_MAX", default=50, parse=positive_int)
+    """Most assignments fetched (and committed) at once."""
+    time_scale: float = env("PODIUM_SUBAGENT_TIME_SCALE", default=0.0, parse=non_negative_float)
+    """Wall-clock seconds an execution takes per unit of simulated time (0 = instant).
+    Pacing makes demos watchable and gives shutdown tests a batch in hand."""

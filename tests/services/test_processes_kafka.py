@@ -1,0 +1,144 @@
+"""The four services as separate processes on a real Kafka broker, driven over real gRPC.
+
+``python -m orchestrator_svc``, two ``python -m subagent_svc`` workers, ``python -m reward_svc``
+and ``python -m learner_svc``: health is SERVING, a task submitted over gRPC streams to its
+end, the reward service's score comes back to the orchestrator, the learner receives it, and
+SIGTERM stops every process with exit status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc.aio
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from svc_helpers import LOGIN_TASK, PROBE_TASK
+
+from podium.telemetry import client_interceptors
+from podium.v1 import session_service_pb2 as ss
+from podium.v1 import session_service_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_four_services_as_processes(
+    kafka_bootstrap: str, unique: Callable[[str], str]
+) -> None:
+    run = unique("procs").replace(".", "-")
+    port = free_port()
+    url = (
+        f"kafka://{kafka_bootstrap}?auto_offset_reset=latest"
+        "&heartbeat_interval_ms=250&session_timeout_ms=6000"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PODIUM_")}
+    base.update(PYTHONPATH=str(ROOT), PODIUM_BUS=url)
+    specs = {
+        "orchestrator": (
+            "orchestrator_svc",
+            {
+                "PODIUM_GROUP_ID": f"{run}-orch",
+                "PODIUM_GRPC_HOST": "127.0.0.1",
+                "PODIUM_GRPC_PORT": str(port),
+            },
+        ),
+        "worker-1": ("subagent_svc", {"PODIUM_GROUP_ID": f"{run}-sub", "PODIUM_INSTANCE": "w1"}),
+        "worker-2": ("subagent_svc", {"PODIUM_GROUP_ID": f"{run}-sub", "PODIUM_INSTANCE": "w2"}),
+        "reward": (
+            "reward_svc",
+            {
+                "PODIUM_REWARD_GROUP": f"{run}-reward",
+                "PODIUM_REWARD_TRANSACTIONAL_ID": f"{run}-reward-0",
+            },
+        ),
+        "learner": ("learner_svc", {"PODIUM_GROUP_ID": f"{run}-learner"}),
+    }
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    try:
+        for name, (module, extra) in specs.items():
+            procs[name] = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                module,
+                env={**base, **extra},
+                cwd=ROOT,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}", interceptors=client_interceptors()
+        ) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(
+                health_pb2.HealthCheckRequest(service="podium.v1.SessionService"),
+                timeout=60,
+                wait_for_ready=True,
+            )
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            stub = session_service_pb2_grpc.SessionServiceStub(channel)
+
+            async def run_session(text: str, deadline_s: float) -> tuple[str, ss.SessionResult]:
+                sid = (
+                    await stub.SubmitTask(
+                        ss.SubmitTaskRequest(task_spec_text=text, seed=5), timeout=10
+                    )
+                ).session_id
+                last = None
+                async for event in stub.StreamSession(
+                    ss.StreamSessionRequest(session_id=sid), timeout=deadline_s
+                ):
+                    last = event
+                assert last is not None and last.HasField("result")
+                return sid, last.result
+
+            # Probe until every group has fixed its (latest) position on the shared topics.
+            for _ in range(30):
+                try:
+                    await run_session(PROBE_TASK, deadline_s=3)
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            else:
+                pytest.fail("no probe session completed across the processes")
+
+            sid, result = await run_session(LOGIN_TASK, deadline_s=60)
+            assert result.state == ss.SESSION_STATE_SUCCEEDED
+            assert result.completed_subtasks == 6
+            for _ in range(100):  # reward_svc -> ScoredTrajectory -> orchestrator
+                got = await stub.GetSession(ss.GetSessionRequest(session_id=sid), timeout=5)
+                if got.result.HasField("score"):
+                    break
+                await asyncio.sleep(0.1)
+            assert got.result.score.trajectory.session_id == sid
+            assert got.result.score.reward_version
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        logs = {}
+        for name, proc in procs.items():
+            _, err = await asyncio.wait_for(proc.communicate(), 30)
+            logs[name] = err.decode()
+            assert proc.returncode == 0, f"{name}: {logs[name][-2000:]}"
+        assert sid in logs["learner"]  # the learner received this session's score
+        for name in ("orchestrator", "worker-1", "worker-2", "learner"):
+            assert "stop signal received; stopping gracefully" in logs[name]
+    finally:
+        for proc in procs.values():
+            if proc.returncode is None:
+                proc.kill()
+                with contextlib.suppress(Exception):
+                    await proc.wait()
