@@ -1,0 +1,148 @@
+"""A trained orchestrator policy as a file, and as a scheduling policy like the rule engines.
+
+Weights are safetensors written by :func:`podium.policy.artifacts.publish_weights` (sha256
+sidecar, verified on load, never unpickled); the network's shape and the pool's agent names
+travel in the file's metadata, so a checkpoint refuses to run against a pool whose action
+layout it was not trained for.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from podium.envs.swarm import SwarmEnv, SwarmState
+from podium.errors import ArtifactError
+from podium.policy.artifacts import ArtifactRef, LoadedWeights, load_weights, publish_weights
+from podium.policy.network import NetworkConfig, SwarmPolicyNet
+from podium.train.agent import SwarmAgent
+
+MODEL_NAME = "swarm_policy"
+"""Model name of the orchestrator policy in artifact roots and the Triton repository."""
+
+
+def save_policy(
+    net: SwarmPolicyNet, root: str | Path, version: int, agents: tuple[str, ...], **extra: str
+) -> ArtifactRef:
+    """Publish ``net`` as version ``version`` under ``root/swarm_policy/<version>/``."""
+    meta = {
+        "network": json.dumps(net.config.to_dict(), sort_keys=True),
+        "agents": json.dumps(list(agents)),
+        "kind": "podium.swarm_policy",
+        **extra,
+    }
+    return publish_weights(net.state_dict(), root, MODEL_NAME, version, metadata=meta)
+
+
+def load_policy(
+    path: str | Path, sha256: str | None = None
+) -> tuple[SwarmPolicyNet, tuple[str, ...]]:
+    """Load and verify a policy file; returns the network (eval mode) and its pool's agents."""
+    return build_swarm_policy(load_weights(path, sha256))
+
+
+def build_swarm_policy(weights: LoadedWeights) -> tuple[SwarmPolicyNet, tuple[str, ...]]:
+    """The network (eval mode) and its pool's agents from verified weights
+    (the ``build`` function of a :class:`~podium.policy.holder.PolicyHolder`)."""
+    path = weights.path
+    meta = weights.metadata
+    if meta.get("kind") != "podium.swarm_policy":
+        raise ArtifactError(f"{path}: not a swarm policy (metadata kind {meta.get('kind')!r})")
+    try:
+        cfg = NetworkConfig(**json.loads(meta["network"]))
+        agents = tuple(json.loads(meta["agents"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{path}: policy metadata is incomplete ({exc})") from None
+    net = SwarmPolicyNet(cfg)
+    try:
+        net.load_state_dict(weights.tensors, strict=True)
+    except RuntimeError as exc:
+        raise ArtifactError(
+            f"{path}: weights do not fit the network in its metadata ({exc})"
+        ) from None
+    net.eval()
+    return net, agents
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A policy file from a path that may be the file, a version directory, or a run directory
+    (then the newest version of its ``checkpoints/``, or its ``policy.safetensors``)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    for candidate in (p / "policy.safetensors", p / "final" / "policy.safetensors"):
+        if candidate.is_file():
+            return candidate
+    versions = sorted(
+        (d for d in (p / "checkpoints" / MODEL_NAME).glob("*") if d.name.isdigit()),
+        key=lambda d: int(d.name),
+    )
+    if versions and (versions[-1] / "model.safetensors").is_file():
+        return versions[-1] / "model.safetensors"
+    found = sorted(p.glob("**/*.safetensors"))
+    if not found:
+        raise ArtifactError(f"no policy checkpoint (*.safetensors) under {p}")
+    return found[-1]
+
+
+class LearnedPolicy:
+    """A trained network behind the rule engines' interface (``act(env, rng) -> action``).
+
+    Greedy (argmax) by default: evaluation and serving take the policy's best action.
+    """
+
+    name = "learned"
+
+    def __init__(
+        self, net: SwarmPolicyNet, agents: tuple[str, ...], *, greedy: bool = True
+    ) -> None:
+        self.net = net
+        self.agents = agents
+        self.greedy = greedy
+        self._agents_by_layout: dict[int, SwarmAgent] = {}
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path) -> LearnedPolicy:
+        """Load ``path`` (see :func:`resolve_checkpoint`)."""
+        net, agents = load_policy(resolve_checkpoint(path))
+        return cls(net, agents)
+
+    def agent_for(self, env: SwarmEnv) -> SwarmAgent:
+        """The network bound to ``env``'s observation layout (checked against the pool)."""
+        key = id(env)
+        agent = self._agents_by_layout.get(key)
+        if agent is None:
+            if tuple(env.layout.agents) != self.agents:
+                raise ArtifactError(
+                    f"policy was trained for agents {list(self.agents)}, the pool has "
+                    f"{list(env.layout.agents)}; retrain or use the matching pool"
+                )
+            agent = SwarmAgent(env.layout, net=self.net)
+            self._agents_by_layout[key] = agent
+        return agent
+
+    def act(self, env_or_state: SwarmEnv | SwarmState, rng: Any = None) -> int:
+        """One decision for the env's current state."""
+        if not isinstance(env_or_state, SwarmEnv):
+            raise TypeError("LearnedPolicy needs the SwarmEnv (it reads the encoded observation)")
+        env = env_or_state
+        agent = self.agent_for(env)
+        obs = env.observation()[None, :]
+        mask = env.action_masks()[None, :]
+        gen = None
+        if not self.greedy:
+            seed = rng.getrandbits(63) if isinstance(rng, random.Random) else 0
+            gen = torch.Generator().manual_seed(seed)
+        res = agent.act(
+            np.asarray(obs, dtype=np.float32),
+            mask,
+            len(env.task.subtasks),
+            greedy=self.greedy,
+            generator=gen,
+        )
+        return int(res.actions[0])
