@@ -32,14 +32,22 @@ export PATH="$PATH:$CACHE/go-bin"
 
 # Each run gets its own broker directory, so a developer's broker is left alone.
 KAFKA_DIR="$(mktemp -d /tmp/podium-kafka.XXXXXX)"
+# A real KServe-V2 inference server (MLServer in its own cached venv) serving a fresh
+# Triton-layout model repository.
+export PODIUM_V2_STATE="$(mktemp -d /tmp/podium-v2.XXXXXX)"
+export PODIUM_V2_REPOSITORY="$(mktemp -d /tmp/podium-v2repo.XXXXXX)"
 cleanup() {
+  bash scripts/v2server.sh stop >&2 || true
   bash scripts/kafka.sh stop --dir "$KAFKA_DIR" >&2 || true
-  rm -rf "$KAFKA_DIR"
+  rm -rf "$KAFKA_DIR" "$PODIUM_V2_STATE" "$PODIUM_V2_REPOSITORY"
 }
 trap cleanup EXIT INT TERM
 eval "$(bash scripts/kafka.sh start --dir "$KAFKA_DIR")"
 export PODIUM_KAFKA_BOOTSTRAP
 echo "test: Kafka at $PODIUM_KAFKA_BOOTSTRAP" >&2
+eval "$(bash scripts/v2server.sh start "$PODIUM_V2_REPOSITORY")"
+export PODIUM_V2_GRPC PODIUM_V2_HTTP PODIUM_V2_REPOSITORY
+echo "test: KServe-V2 server at $PODIUM_V2_GRPC (gRPC)" >&2
 
 set +e
 python -m pytest "$@"

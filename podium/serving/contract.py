@@ -1,0 +1,295 @@
+"""The policy's serving signature: tensor names, shapes, dtypes, and their validation.
+
+Every backend (in-process torch, a KServe-V2 server, Triton on GPUs) runs the same function::
+
+    subtask_features  float32 [batch, n_subtasks, F]   one token per subtask
+    subtask_mask      bool    [batch, n_subtasks]      True where the slot holds a subtask
+    global_features   float32 [batch, G]               clock, capacity, running executions
+    action_mask       bool    [batch, A]               A = n_subtasks · K + 2 (K per subtask,
+                                                       then WAIT and FINISH)
+    ->
+    logits            float32 [batch, A]               invalid entries a large negative number
+    value             float32 [batch]                  V(s)
+
+``batch`` and ``n_subtasks`` are dynamic (``A`` follows ``n_subtasks``), so one exported file
+serves tasks of any size. This module is numpy-only: the MLServer adapter and the CLI use it
+without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from podium.errors import PodiumError
+
+INPUT_NAMES = ("subtask_features", "subtask_mask", "global_features", "action_mask")
+"""Input tensor names, in the order of the module's ``forward`` arguments."""
+OUTPUT_NAMES = ("logits", "value")
+"""Output tensor names, in the order ``forward`` returns them."""
+CONTROL_ACTIONS = 2
+"""Actions after the per-subtask block: WAIT and FINISH."""
+
+
+class ObservationError(PodiumError):
+    """An observation batch does not fit the policy's signature. ``field`` names the tensor."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySignature:
+    """The sizes that are fixed for a given policy network (everything but batch and subtasks)."""
+
+    subtask_features: int
+    """Features per subtask token F."""
+    global_features: int
+    """Global features G."""
+    actions_per_subtask: int
+    """Actions per subtask K (agents × splits for the swarm environment)."""
+
+    def __post_init__(self) -> None:
+        for name in ("subtask_features", "global_features", "actions_per_subtask"):
+            if getattr(self, name) < 1:
+                raise ObservationError(f"PolicySignature.{name} must be >= 1", field=name)
+
+    def n_actions(self, n_subtasks: int) -> int:
+        """``A = n_subtasks · K + 2``: the flat action count for a task of ``n_subtasks``."""
+        return n_subtasks * self.actions_per_subtask + CONTROL_ACTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyInputs:
+    """One batch of observations in the serving layout (contiguous numpy arrays)."""
+
+    subtask_features: NDArray[np.float32]
+    """``[batch, n_subtasks, F]`` float32."""
+    subtask_mask: NDArray[np.bool_]
+    """``[batch, n_subtasks]`` bool."""
+    global_features: NDArray[np.float32]
+    """``[batch, G]`` float32."""
+    action_mask: NDArray[np.bool_]
+    """``[batch, n_subtasks · K + 2]`` bool."""
+
+    @property
+    def batch(self) -> int:
+        """Observations in the batch."""
+        return int(self.subtask_features.shape[0])
+
+    @property
+    def n_subtasks(self) -> int:
+        """Subtask slots per observation."""
+        return int(self.subtask_features.shape[1])
+
+    def arrays(self) -> dict[str, NDArray[np.generic]]:
+        """Name -> array, in :data:`INPUT_NAMES` order."""
+        return {name: getattr(self, name) for name in INPUT_NAMES}
+
+    def validate(self, signature: PolicySignature) -> None:
+        """Raise :class:`ObservationError` naming the first tensor that does not fit."""
+        expected_dtypes = {
+            "subtask_features": np.float32,
+            "subtask_mask": np.bool_,
+            "global_features": np.float32,
+            "action_mask": np.bool_,
+        }
+        for name, dtype in expected_dtypes.items():
+            arr = getattr(self, name)
+            if not isinstance(arr, np.ndarray):
+                raise ObservationError(f"{name} must be a numpy array", field=name)
+            if arr.dtype != dtype:
+                raise ObservationError(
+                    f"{name} has dtype {arr.dtype}, expected {np.dtype(dtype)}", field=name
+                )
+        sf = self.subtask_features
+        if sf.ndim != 3 or sf.shape[2] != signature.subtask_features:
+            raise ObservationError(
+                f"subtask_features has shape {sf.shape}, expected "
+                f"[batch, n_subtasks, {signature.subtask_features}]",
+                field="subtask_features",
+            )
+        b, s = self.batch, self.n_subtasks
+        if b < 1:
+            raise ObservationError("the batch is empty", field="subtask_features")
+        shapes = {
+            "subtask_mask": (b, s),
+            "global_features": (b, signature.global_features),
+            "action_mask": (b, signature.n_actions(s)),
+        }
+        for name, shape in shapes.items():
+            actual = tuple(getattr(self, name).shape)
+            if actual != shape:
+                raise ObservationError(
+                    f"{name} has shape {actual}, expected {shape} for batch {b} and {s} subtasks",
+                    field=name,
+                )
+        if not self.action_mask.any(axis=1).all():
+            row = int(np.flatnonzero(~self.action_mask.any(axis=1))[0])
+            raise ObservationError(
+                f"action_mask row {row} allows no action (every row needs at least one)",
+                field="action_mask",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyOutputs:
+    """What a backend returns for a :class:`PolicyInputs` batch."""
+
+    logits: NDArray[np.float32]
+    """``[batch, A]`` masked logits."""
+    value: NDArray[np.float32]
+    """``[batch]`` state values."""
+    version: str
+    """Policy version that produced them (``"local"`` or the served model version)."""
+
+
+def random_inputs(
+    signature: PolicySignature,
+    batch: int,
+    n_subtasks: int,
+    rng: np.random.Generator,
+) -> PolicyInputs:
+    """Random but well-formed observations (parity tests, benchmarks, export tracing).
+
+    Each row has between one and all subtask slots present and a random action mask with WAIT
+    always valid, as in the environment (waiting is always allowed while work runs).
+    """
+    if batch < 1 or n_subtasks < 1:
+        raise ObservationError(f"batch ({batch}) and n_subtasks ({n_subtasks}) must be >= 1")
+    features = rng.standard_normal((batch, n_subtasks, signature.subtask_features))
+    present = rng.integers(1, n_subtasks + 1, size=batch)
+    subtask_mask = np.arange(n_subtasks)[None, :] < present[:, None]
+    globals_ = rng.standard_normal((batch, signature.global_features))
+    k = signature.actions_per_subtask
+    starts = (rng.random((batch, n_subtasks, k)) < 0.5) & subtask_mask[:, :, None]
+    control = np.ones((batch, CONTROL_ACTIONS), dtype=bool)
+    control[:, 1] = rng.random(batch) < 0.5  # FINISH valid only sometimes
+    action_mask = np.concatenate([starts.reshape(batch, n_subtasks * k), control], axis=1)
+    return PolicyInputs(
+        subtask_features=np.ascontiguousarray(features, dtype=np.float32),
+        subtask_mask=np.ascontiguousarray(subtask_mask),
+        global_features=np.ascontiguousarray(globals_, dtype=np.float32),
+        action_mask=np.ascontiguousarray(action_mask),
+    )
+
+
+def render_policy_config(
+    name: str,
+    signature: PolicySignature,
+    *,
+    max_batch_size: int = 256,
+    gpu: bool = True,
+    instances: int = 1,
+    max_queue_delay_us: int = 200,
+) -> str:
+    """The Triton ``config.pbtxt`` of a policy model named ``name``.
+
+    ``gpu=True`` (production) declares GPU instances with TensorRT as execution accelerator in
+    fp16; onnxruntime falls back to its CUDA provider for any operator TensorRT cannot take.
+    ``gpu=False`` declares CPU instances. MLServer's adapter reads the tensor declarations and
+    version policy and ignores the GPU settings, so tests serve the production file unchanged.
+
+    ``value`` is ``[batch]`` in the ONNX graph; Triton requires every non-batch tensor to have
+    at least one dimension, so the config declares ``dims: [1]`` with ``reshape { shape: [] }``
+    (Triton's documented form for a per-item scalar). Clients then read ``value`` as
+    ``[batch, 1]`` from Triton and ``[batch]`` from MLServer; :mod:`podium.serving.backends`
+    flattens both.
+    """
+    if max_batch_size < 1:
+        raise ObservationError("max_batch_size must be >= 1 (the policy batches on axis 0)")
+    f, g = signature.subtask_features, signature.global_features
+    kind = "KIND_GPU" if gpu else "KIND_CPU"
+    lines = [
+        f'name: "{name}"',
+        'platform: "onnxruntime_onnx"',
+        f"max_batch_size: {max_batch_size}",
+        "version_policy: { latest: { num_versions: 1 } }",
+        "input [",
+        f'  {{ name: "subtask_features" data_type: TYPE_FP32 dims: [ -1, {f} ] }},',
+        '  { name: "subtask_mask" data_type: TYPE_BOOL dims: [ -1 ] },',
+        f'  {{ name: "global_features" data_type: TYPE_FP32 dims: [ {g} ] }},',
+        '  { name: "action_mask" data_type: TYPE_BOOL dims: [ -1 ] }',
+        "]",
+        "output [",
+        '  { name: "logits" data_type: TYPE_FP32 dims: [ -1 ] },',
+        '  { name: "value" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } }',
+        "]",
+        "# Requests with the same number of subtasks are batched together on the server.",
+        f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}",
+        f"instance_group [ {{ count: {instances} kind: {kind} }} ]",
+    ]
+    if gpu:
+        lines += [
+            "# GPU path: TensorRT execution accelerator in fp16. fp16 arithmetic moves logits by",
+            "# far more than the 1e-4 fp32 parity tolerance, which is a CPU (fp32) guarantee.",
+            "optimization { execution_accelerators {",
+            "  gpu_execution_accelerator: [ {",
+            '    name: "tensorrt"',
+            '    parameters { key: "precision_mode" value: "FP16" }',
+            '    parameters { key: "max_workspace_size_bytes" value: "1073741824" }',
+            "    # LayerNorm in fp16 overflows easily; keep it in fp32 inside the engine.",
+            '    parameters { key: "trt_layer_norm_fp32_fallback" value: "1" }',
+            "    # Engines are built per input shape; cache them across restarts (an emptyDir",
+            "    # or volume mounted at this path in k8s/base/triton.yaml).",
+            '    parameters { key: "trt_engine_cache_enable" value: "1" }',
+            '    parameters { key: "trt_engine_cache_path" value: "/cache/tensorrt" }',
+            "  } ]",
+            "} }",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def stack_padded(batches: list[PolicyInputs], signature: PolicySignature) -> PolicyInputs:
+    """Concatenate observation batches of different task sizes into one padded batch.
+
+    Many sessions decide at once but their tasks differ in size; one call for all of them needs
+    one ``n_subtasks``. Shorter rows are padded with absent subtasks (``subtask_mask`` False,
+    features zero) whose actions are all invalid, and their WAIT/FINISH entries move to the end
+    of the padded layout. The network ignores absent subtasks (masked attention), so a padded
+    row decides as it would alone; :func:`unstack_padded` maps the outputs back.
+    """
+    if not batches:
+        raise ObservationError("stack_padded needs at least one batch")
+    for b in batches:
+        b.validate(signature)
+    s_max = max(b.n_subtasks for b in batches)
+    k = signature.actions_per_subtask
+    rows = sum(b.batch for b in batches)
+    features = np.zeros((rows, s_max, signature.subtask_features), dtype=np.float32)
+    subtask_mask = np.zeros((rows, s_max), dtype=bool)
+    action_mask = np.zeros((rows, signature.n_actions(s_max)), dtype=bool)
+    r = 0
+    for b in batches:
+        s, n = b.n_subtasks, b.batch
+        features[r : r + n, :s] = b.subtask_features
+        subtask_mask[r : r + n, :s] = b.subtask_mask
+        action_mask[r : r + n, : s * k] = b.action_mask[:, : s * k]
+        action_mask[r : r + n, s_max * k :] = b.action_mask[:, s * k :]
+        r += n
+    return PolicyInputs(
+        subtask_features=features,
+        subtask_mask=subtask_mask,
+        global_features=np.concatenate([b.global_features for b in batches]),
+        action_mask=action_mask,
+    )
+
+
+def unstack_padded(
+    outputs: PolicyOutputs, batches: list[PolicyInputs], signature: PolicySignature
+) -> list[PolicyOutputs]:
+    """Split the outputs of a :func:`stack_padded` batch back into each batch's own layout."""
+    k = signature.actions_per_subtask
+    s_max = (outputs.logits.shape[1] - CONTROL_ACTIONS) // k
+    out: list[PolicyOutputs] = []
+    r = 0
+    for b in batches:
+        s, n = b.n_subtasks, b.batch
+        rows = outputs.logits[r : r + n]
+        logits = np.concatenate([rows[:, : s * k], rows[:, s_max * k :]], axis=1)
+        out.append(PolicyOutputs(logits, outputs.value[r : r + n], outputs.version))
+        r += n
+    return out
