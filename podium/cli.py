@@ -15,16 +15,46 @@ from typing import Protocol, cast
 
 # name -> (module, one-line help). Nested groups use "group name".
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("podium.commands.demo", "Send one task through all four services on the in-process bus and show what each did."),
-    "train": ("podium.commands.train", "Train the orchestrator policy (the main job): BC from cpls, then PPO through the services."),
-    "bench scheduling": ("podium.commands.bench_scheduling", "Compare scheduling policies on task specs against the latency lower bound."),
-    "bench env": ("podium.commands.bench_env", "Measure swarm-environment steps per second with a random valid policy."),
-    "bench ppo": ("podium.commands.bench_ppo", "Run our PPO and Stable-Baselines3's PPO side by side on a Gymnasium env."),
-    "bench serving": ("podium.commands.bench_serving", "Latency and throughput of policy decisions, local torch vs a KServe-V2 server."),
-    "reward explain": ("podium.commands.reward_explain", "Print the full reward breakdown of one trajectory (protobuf JSON) as JSON."),
-    "reward rescore": ("podium.commands.reward_rescore", "Re-score a range of the trajectory topic with a new reward version into another topic."),
-    "spec check": ("podium.commands.spec_check", "Validate task and pool spec files and print their lower bounds."),
-    "kafka": ("podium.commands.kafka", "Fetch, start, stop a local single-node Apache Kafka broker (KRaft) for development."),
+    "demo": (
+        "podium.commands.demo",
+        "Send one task through all four services on the in-process bus and show what each did.",
+    ),
+    "train": (
+        "podium.commands.train",
+        "Train the orchestrator policy (the main job): BC from cpls, then PPO through the services.",
+    ),
+    "bench scheduling": (
+        "podium.commands.bench_scheduling",
+        "Compare scheduling policies on task specs against the latency lower bound.",
+    ),
+    "bench env": (
+        "podium.commands.bench_env",
+        "Measure swarm-environment steps per second with a random valid policy.",
+    ),
+    "bench ppo": (
+        "podium.commands.bench_ppo",
+        "Run our PPO and Stable-Baselines3's PPO side by side on a Gymnasium env.",
+    ),
+    "bench serving": (
+        "podium.commands.bench_serving",
+        "Latency and throughput of policy decisions, local torch vs a KServe-V2 server.",
+    ),
+    "reward explain": (
+        "podium.commands.reward_explain",
+        "Print the full reward breakdown of one trajectory (protobuf JSON) as JSON.",
+    ),
+    "reward rescore": (
+        "podium.commands.reward_rescore",
+        "Re-score a range of the trajectory topic with a new reward version into another topic.",
+    ),
+    "spec check": (
+        "podium.commands.spec_check",
+        "Validate task and pool spec files and print their lower bounds.",
+    ),
+    "kafka": (
+        "podium.commands.kafka",
+        "Fetch, start, stop a local single-node Apache Kafka broker (KRaft) for development.",
+    ),
 }
 
 GROUP_HELP = {
@@ -71,8 +101,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
             continue
         group, leaf = parts
         if group not in groups:
-            gp = top.add_parser(group, help=GROUP_HELP.get(group, ""), description=GROUP_HELP.get(group, ""))
-            groups[group] = gp.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+            gp = top.add_parser(
+                group, help=GROUP_HELP.get(group, ""), description=GROUP_HELP.get(group, "")
+            )
+            groups[group] = gp.add_subparsers(
+                dest="subcommand", metavar="SUBCOMMAND", required=True
+            )
         leaves[name] = groups[group].add_parser(leaf, help=text, description=text)
     return parser, leaves
 

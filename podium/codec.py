@@ -120,7 +120,9 @@ def unpack(env: envelope_pb2.Envelope, expected: type[M] | None = None) -> Messa
     try:
         msg.ParseFromString(env.payload.value)
     except _PbDecodeError as exc:
-        raise DecodeError(f"envelope {env.event_id}: malformed {payload_name} payload ({exc})") from exc
+        raise DecodeError(
+            f"envelope {env.event_id}: malformed {payload_name} payload ({exc})"
+        ) from exc
     return msg
 
 

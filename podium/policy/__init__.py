@@ -1,0 +1,1 @@
+"""Policies at serving time: versioned weight artifacts and the hot-swapping holder."""
