@@ -133,6 +133,14 @@ def run(args: argparse.Namespace) -> int:
                 )
             else:
                 bar.update(task, description="held-out evaluation", figures="")
+            if not console.is_terminal:
+                # No live bar in logs and CI: one line per event instead.
+                shown = bar.tasks[0]
+                console.print(
+                    f"{shown.description} {shown.completed:.0f}/{shown.total:.0f} "
+                    f"{shown.fields.get('figures', '')}",
+                    highlight=False,
+                )
 
         try:
             result = asyncio.run(train(cfg, progress))

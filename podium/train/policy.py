@@ -139,7 +139,7 @@ class LearnedPolicy:
             seed = rng.getrandbits(63) if isinstance(rng, random.Random) else 0
             gen = torch.Generator().manual_seed(seed)
         res = agent.act(
-            np.asarray(obs, dtype=np.float32),
+            np.array(obs, dtype=np.float32),  # a writable copy of the env's read-only view
             mask,
             len(env.task.subtasks),
             greedy=self.greedy,

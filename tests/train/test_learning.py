@@ -1,0 +1,164 @@
+"""Episodes on the wire, batching, behaviour cloning, PPO and checkpoints of the swarm policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool
+from podium.envs.swarm.generator import generate_suite
+from podium.errors import ArtifactError, DecodeError
+from podium.train.agent import SwarmAgent
+from podium.train.episodes import episode_from_trajectory
+from podium.train.learn import (
+    SwarmPPOConfig,
+    behaviour_cloning,
+    collate,
+    episode_advantages,
+    ppo_update,
+)
+from podium.train.policy import LearnedPolicy, load_policy, resolve_checkpoint, save_policy
+from podium.train.rollout import Job, run_episodes
+
+
+@pytest.fixture(scope="module")
+def setup() -> tuple[list[SwarmEnv], list[Job]]:
+    tasks = generate_suite(12, seed=5, sizes=(4, 12))
+    envs = [
+        SwarmEnv(tasks, default_pool(), EnvConfig(max_subtasks=16, invalid_action="raise"))
+        for _ in range(4)
+    ]
+    return envs, [Job(t, 100 + i) for i, t in enumerate(tasks)]
+
+
+def _agent(envs: list[SwarmEnv]) -> SwarmAgent:
+    torch.manual_seed(0)
+    return SwarmAgent(envs[0].layout, d_model=32, layers=1)
+
+
+def test_episode_survives_the_trajectory_wire_format(
+    setup: tuple[list[SwarmEnv], list[Job]],
+) -> None:
+    envs, jobs = setup
+    agent = _agent(envs)
+    eps, trajs = run_episodes(envs, jobs[:4], agent=agent, with_trajectories=True)
+    lay = envs[0].layout
+    for ep, traj in zip(eps, trajs, strict=True):
+        wire = type(traj).FromString(traj.SerializeToString())
+        back = episode_from_trajectory(
+            wire, lay.slot_features, lay.size - lay.slots_end, len(lay.agents)
+        )
+        np.testing.assert_array_equal(back.slots, ep.slots)
+        np.testing.assert_array_equal(back.globals_, ep.globals_)
+        np.testing.assert_array_equal(back.masks, ep.masks)
+        np.testing.assert_array_equal(back.actions, ep.actions)
+        np.testing.assert_allclose(back.log_probs, ep.log_probs, rtol=1e-6)
+        np.testing.assert_allclose(back.rewards, ep.rewards, rtol=1e-6)
+        assert back.terminated == ep.terminated
+        # Every recorded action was valid under its recorded mask, and log-probs are real.
+        assert ep.masks[np.arange(ep.length), ep.actions].all()
+        assert (ep.log_probs <= 0).all() and (ep.log_probs < 0).any()
+
+
+def test_corrupt_tensors_are_rejected_with_a_clear_error(
+    setup: tuple[list[SwarmEnv], list[Job]],
+) -> None:
+    envs, jobs = setup
+    _, trajs = run_episodes(envs, jobs[:1], rule="cpls", with_trajectories=True)
+    lay = envs[0].layout
+    traj = trajs[0]
+    traj.decisions[1].observation_tensor = b"not zlib"
+    with pytest.raises(DecodeError, match="decision 1.*observation_tensor"):
+        episode_from_trajectory(traj, lay.slot_features, lay.size - lay.slots_end, len(lay.agents))
+
+
+def test_collate_pads_and_remaps_control_actions(setup: tuple[list[SwarmEnv], list[Job]]) -> None:
+    envs, jobs = setup
+    eps, _ = run_episodes(envs, jobs, rule="greedy")
+    small = min(range(len(eps)), key=lambda i: eps[i].n)
+    big = max(range(len(eps)), key=lambda i: eps[i].n)
+    A = envs[0].pool.num_agents
+    wait_t = int(np.flatnonzero(eps[small].actions >= eps[small].n * A * 3)[0])
+    batch, n_max = collate(eps, np.array([[small, wait_t], [big, 0]]), A)
+    assert n_max == eps[big].n
+    assert batch.slots.shape[1] == n_max
+    assert not batch.present[0, eps[small].n :].any()
+    # WAIT of the small task lands on WAIT of the padded layout, and stays valid there.
+    assert int(batch.actions[0]) == n_max * A * 3
+    assert bool(batch.masks[0, batch.actions[0]])
+
+
+def test_advantages_match_a_hand_computation() -> None:
+    from podium.train.episodes import Episode
+
+    ep = Episode(
+        n=1,
+        slots=np.zeros((3, 1, 2), np.float32),
+        globals_=np.zeros((3, 1), np.float32),
+        masks=np.ones((3, 5), bool),
+        actions=np.zeros(3, np.int64),
+        log_probs=np.zeros(3, np.float32),
+        values=np.array([1.0, 2.0, 3.0], np.float32),
+        rewards=np.array([0.5, -1.0, 2.0], np.float32),
+        terminated=True,
+    )
+    cfg = SwarmPPOConfig(gamma=1.0, gae_lambda=0.5)
+    adv, ret = episode_advantages(ep, terminal_bonus=1.0, config=cfg)
+    d2 = 2.0 + 1.0 - 3.0  # last reward + bonus, terminal: no bootstrap
+    d1 = -1.0 + 3.0 - 2.0
+    d0 = 0.5 + 2.0 - 1.0
+    a2 = d2
+    a1 = d1 + 0.5 * a2
+    a0 = d0 + 0.5 * a1
+    np.testing.assert_allclose(adv, [a0, a1, a2], rtol=1e-6)
+    np.testing.assert_allclose(ret, np.array([a0, a1, a2]) + [1.0, 2.0, 3.0], rtol=1e-6)
+
+
+def test_behaviour_cloning_imitates_cpls_and_ppo_updates_run(
+    setup: tuple[list[SwarmEnv], list[Job]],
+) -> None:
+    envs, jobs = setup
+    agent = _agent(envs)
+    demos, _ = run_episodes(envs, jobs, rule="cpls")
+    rng = np.random.default_rng(0)
+    hist = behaviour_cloning(agent, demos, SwarmPPOConfig(minibatch_size=64), rng, epochs=12)
+    assert hist[-1]["bc_loss"] < hist[0]["bc_loss"]
+    assert hist[-1]["bc_accuracy"] > 0.8
+    # The cloned policy, acting greedily, agrees with cpls on most of its own decisions.
+    eps, _ = run_episodes(envs, jobs, agent=agent, greedy=True)
+    assert np.mean([e.info["completed"] for e in eps]) == 1.0
+    before = [p.detach().clone() for p in agent.net.parameters()]
+    opt = torch.optim.Adam(agent.net.parameters(), lr=3e-4)
+    samples, _ = run_episodes(envs, jobs, agent=agent)
+    stats = ppo_update(
+        agent, opt, samples, [0.5] * len(samples), SwarmPPOConfig(), rng, progress=0.0
+    )
+    for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "clip_fraction", "lr"):
+        assert np.isfinite(stats[k]), k
+    assert any(not torch.equal(a, b) for a, b in zip(before, agent.net.parameters(), strict=True))
+
+
+def test_checkpoint_round_trip_and_tampering(
+    tmp_path: Path, setup: tuple[list[SwarmEnv], list[Job]]
+) -> None:
+    envs, jobs = setup
+    agent = _agent(envs)
+    agents = tuple(envs[0].layout.agents)
+    ref = save_policy(agent.net, tmp_path, 3, agents)
+    net, got_agents = load_policy(ref.path)
+    assert got_agents == agents
+    for a, b in zip(agent.net.state_dict().values(), net.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert resolve_checkpoint(tmp_path) == ref.path
+    policy = LearnedPolicy.from_checkpoint(ref.path)
+    env = envs[0]
+    env.reset(seed=1, options={"task": jobs[0].task})
+    assert env.action_masks()[policy.act(env)]
+    data = bytearray(ref.path.read_bytes())
+    data[-10] ^= 0xFF
+    ref.path.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256 mismatch"):
+        load_policy(ref.path)
