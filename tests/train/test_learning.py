@@ -71,7 +71,7 @@ def test_corrupt_tensors_are_rejected_with_a_clear_error(
     lay = envs[0].layout
     traj = trajs[0]
     traj.decisions[1].observation_tensor = b"not zlib"
-    with pytest.raises(DecodeError, match="decision 1.*observation_tensor"):
+    with pytest.raises(DecodeError, match=r"decision 1.*observation_tensor"):
         episode_from_trajectory(traj, lay.slot_features, lay.size - lay.slots_end, len(lay.agents))
 
 
@@ -114,7 +114,7 @@ def test_advantages_match_a_hand_computation() -> None:
     a1 = d1 + 0.5 * a2
     a0 = d0 + 0.5 * a1
     np.testing.assert_allclose(adv, [a0, a1, a2], rtol=1e-6)
-    np.testing.assert_allclose(ret, np.array([a0, a1, a2]) + [1.0, 2.0, 3.0], rtol=1e-6)
+    np.testing.assert_allclose(ret, [a0 + 1.0, a1 + 2.0, a2 + 3.0], rtol=1e-6)
 
 
 def test_behaviour_cloning_imitates_cpls_and_ppo_updates_run(
