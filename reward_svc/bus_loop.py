@@ -59,6 +59,10 @@ class BusRewardService:
         )
         self.scored += 1
 
+    async def start(self) -> None:
+        """Create the topics and join the group (:meth:`run` does it too if not done yet)."""
+        await self.consumer.start()
+
     async def run(self) -> None:
         """Consume until :meth:`stop`."""
         _log.info(
@@ -68,6 +72,7 @@ class BusRewardService:
         )
         await self.consumer.run()
 
-    async def stop(self) -> None:
-        """Finish the batch in hand, commit it and stop."""
-        await self.consumer.stop()
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Finish the batch in hand, commit it and stop (abandoning it uncommitted, hence
+        redelivered, if that takes longer than ``timeout_s``)."""
+        await self.consumer.stop(timeout_s=timeout_s)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from podium import topics
+from podium.config import log_level
 from podium.errors import ConfigError
 
 ENV_PREFIX = "PODIUM_REWARD_"
@@ -50,6 +51,12 @@ class ServiceConfig:
     inside it; always 0 in production."""
     partitions: int = 3
     """``PODIUM_REWARD_PARTITIONS``: partitions of the output topics when the service creates them."""
+    log_level: str = "INFO"
+    """``PODIUM_LOG_LEVEL`` (shared by every service): DEBUG, INFO, WARNING, ERROR or CRITICAL."""
+    shutdown_timeout_s: float = 30.0
+    """``PODIUM_SHUTDOWN_TIMEOUT_S`` (shared by every service): how long a graceful stop may
+    take to finish the batch in hand. A batch cut off after that is left uncommitted (on Kafka:
+    its transaction is never committed), so it is scored again by the next owner, never lost."""
 
     @property
     def producer_name(self) -> str:
@@ -98,6 +105,22 @@ def from_env(env: Mapping[str, str] | None = None) -> ServiceConfig:
             ) from None
         if not math.isfinite(fixed) or fixed < 0:
             raise ConfigError(f"{ENV_PREFIX}PROGRESS: must be a finite number >= 0, got {fixed}")
+    level_raw = env.get("PODIUM_LOG_LEVEL", "") or "INFO"
+    try:
+        level = log_level(level_raw)
+    except ValueError as exc:
+        raise ConfigError(f"PODIUM_LOG_LEVEL: {exc}, got {level_raw!r}") from None
+    timeout_raw = env.get("PODIUM_SHUTDOWN_TIMEOUT_S", "")
+    timeout = 30.0
+    if timeout_raw:
+        try:
+            timeout = float(timeout_raw)
+        except ValueError:
+            raise ConfigError(
+                f"PODIUM_SHUTDOWN_TIMEOUT_S: expected a number of seconds, got {timeout_raw!r}"
+            ) from None
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise ConfigError(f"PODIUM_SHUTDOWN_TIMEOUT_S: must be > 0, got {timeout_raw!r}")
     cfg_path = env.get(f"{ENV_PREFIX}CONFIG", "")
     if cfg_path and not os.path.isfile(cfg_path):
         raise ConfigError(f"{ENV_PREFIX}CONFIG: no such file {cfg_path!r}")
@@ -121,5 +144,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ServiceConfig:
         fixed_progress=fixed,
         record_delay_ms=_int(env, f"{ENV_PREFIX}RECORD_DELAY_MS", 0, 0),
         partitions=_int(env, f"{ENV_PREFIX}PARTITIONS", 3, 1),
+        log_level=level,
+        shutdown_timeout_s=timeout,
         **names,
     )

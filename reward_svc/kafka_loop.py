@@ -31,6 +31,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
+    IllegalOperation,
     KafkaError,
     ProducerFenced,
     TopicAlreadyExistsError,
@@ -110,14 +111,46 @@ async def ensure_topics(kafka: KafkaConfig, names: Sequence[str], partitions: in
         await admin.close()
 
 
+def _retrieve(delivery: asyncio.Future[Any]) -> None:
+    """Mark a send's failure as seen. Inside a transaction a failed send also fails the commit
+    (or took the producer out of the transaction), which is where it is handled; without this,
+    asyncio would log each one as a "Future exception was never retrieved" traceback."""
+    if not delivery.cancelled():
+        delivery.exception()
+
+
+def fatal_transaction_error(producer: AIOKafkaProducer) -> BaseException | None:
+    """The error that put ``producer``'s transaction in aiokafka's fatal state, else None.
+
+    aiokafka has no public accessor for it: its transaction manager keeps the state and the
+    error (on the future ``commit_transaction`` would await). Reading it here also marks that
+    future's exception as retrieved, so asyncio does not log it as lost.
+    """
+    txn = getattr(producer, "_txn_manager", None)
+    if txn is None or not txn.is_fatal_error():
+        return None
+    waiter = txn.wait_for_transaction_end()
+    cause = waiter.exception() if waiter.done() else None
+    return cause if cause is not None else BusError("transactional producer in a fatal state")
+
+
 class KafkaRewardService:
     """The exactly-once reward loop. ``await run()``; ``request_stop()`` ends it gracefully."""
 
-    def __init__(self, config: ServiceConfig, reward: RewardConfig) -> None:
+    def __init__(
+        self, config: ServiceConfig, reward: RewardConfig, *, create_topics: bool = True
+    ) -> None:
         self.config = config
         self.reward = reward
         self.kafka = KafkaConfig.from_url(config.bus_url)
+        self.create_topics = create_topics
+        """Whether :meth:`run` creates its topics (False when the caller already did, e.g.
+        :class:`reward_svc.app.RewardApp` through its bus)."""
         self.stats = LoopStats()
+        self.ready = asyncio.Event()
+        """Set once the transactional producer and the consumer are started."""
+        self.fenced = False
+        """Whether the loop stopped because a newer instance took over the transactional id."""
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -128,7 +161,8 @@ class KafkaRewardService:
         """Consume, score and produce until :meth:`request_stop`."""
         cfg = self.config
         dlq = topics.dead_letter(cfg.in_topic)
-        await ensure_topics(self.kafka, [cfg.in_topic, cfg.out_topic, dlq], cfg.partitions)
+        if self.create_topics:
+            await ensure_topics(self.kafka, [cfg.in_topic, cfg.out_topic, dlq], cfg.partitions)
         common = self.kafka.client_kwargs()
         consumer = AIOKafkaConsumer(
             cfg.in_topic,
@@ -160,6 +194,7 @@ class KafkaRewardService:
                     cfg.transactional_id,
                     self.reward.version,
                 )
+                self.ready.set()
                 while not self._stop.is_set():
                     batch = await consumer.getmany(
                         timeout_ms=cfg.poll_timeout_ms, max_records=cfg.max_batch
@@ -171,6 +206,31 @@ class KafkaRewardService:
         finally:
             await producer.stop()
         _log.info("reward_svc: stopped (%s)", self.stats)
+
+    def _fence(self, producer: AIOKafkaProducer) -> None:
+        """Another instance took over our transactional id: we must not write again."""
+        fatal_transaction_error(producer)  # seen here: asyncio need not report it as lost
+        _log.error("reward_svc: fenced by a newer instance; stopping")
+        self.fenced = True
+        self._stop.set()
+
+    async def _abort_and_rewind(
+        self,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        batch: dict[TopicPartition, list[Any]],
+        exc: BaseException,
+    ) -> None:
+        """Abort the open transaction and seek back to the batch start: retried, never skipped."""
+        _log.warning("reward_svc: transaction aborted, batch will be retried: %s", exc)
+        self.stats.aborted += 1
+        try:
+            await producer.abort_transaction()
+        except KafkaError as abort_exc:  # pragma: no cover - broker gone as well
+            raise BusError(f"abort failed: {abort_exc}", retriable=True) from abort_exc
+        for tp, records in batch.items():
+            consumer.seek(tp, records[0].offset)
+        await asyncio.sleep(0.5)
 
     async def _process(
         self,
@@ -208,7 +268,7 @@ class KafkaRewardService:
                             record.offset,
                             exc,
                         )
-                        await producer.send(
+                        sent = await producer.send(
                             dlq,
                             value=record.value,
                             key=record.key,
@@ -216,9 +276,10 @@ class KafkaRewardService:
                                 record, exc, group_id=cfg.group_id, producer=cfg.producer_name
                             ),
                         )
+                        sent.add_done_callback(_retrieve)
                         dead += 1
                         continue
-                    await producer.send(
+                    sent = await producer.send(
                         cfg.out_topic,
                         value=out.value,
                         key=out.key.encode(),
@@ -227,26 +288,32 @@ class KafkaRewardService:
                             (EVENT_TYPE_HEADER, b"podium.v1.ScoredTrajectory"),
                         ],
                     )
+                    sent.add_done_callback(_retrieve)
                     scored += 1
                     fired += [f.name for f in out.breakdown.findings if f.triggered]
             offsets = {tp: records[-1].offset + 1 for tp, records in batch.items()}
             await producer.send_offsets_to_transaction(offsets, cfg.group_id)
             await producer.commit_transaction()
         except ProducerFenced:
-            # Another instance took over our transactional id: we must not write again.
-            _log.error("reward_svc: fenced by a newer instance; stopping")
-            self._stop.set()
+            self._fence(producer)
+            return
+        except IllegalOperation as exc:
+            # aiokafka's sender failed in the background (e.g. AddPartitionsToTxn answered
+            # ProducerFenced) and took the producer out of its transaction; the next send then
+            # only says "not in transaction". The recorded cause decides what to do.
+            cause = fatal_transaction_error(producer)
+            if isinstance(cause, ProducerFenced):
+                self._fence(producer)
+                return
+            if cause is not None:
+                raise BusError(
+                    f"transactional producer failed: {type(cause).__name__}: {cause}",
+                    retriable=False,
+                ) from cause
+            await self._abort_and_rewind(consumer, producer, batch, exc)
             return
         except (KafkaError, PodiumError, OSError) as exc:
-            _log.warning("reward_svc: transaction aborted, batch will be retried: %s", exc)
-            self.stats.aborted += 1
-            try:
-                await producer.abort_transaction()
-            except KafkaError as abort_exc:  # pragma: no cover - broker gone as well
-                raise BusError(f"abort failed: {abort_exc}", retriable=True) from abort_exc
-            for tp, records in batch.items():
-                consumer.seek(tp, records[0].offset)
-            await asyncio.sleep(0.5)
+            await self._abort_and_rewind(consumer, producer, batch, exc)
             return
         self.stats.transactions += 1
         self.stats.scored += scored

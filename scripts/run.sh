@@ -5,6 +5,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$(bash "$ROOT/scripts/venv.sh")"
 if (($# == 0)); then
-  set -- demo
+  set -- train
 fi
 exec "$VENV/bin/podium" "$@"

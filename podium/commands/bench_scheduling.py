@@ -1,7 +1,9 @@
 """``podium bench scheduling``: compare scheduling policies on task specs against the bound.
 
 Runs every policy (sequential always, as the reference) for N seeded episodes per task,
-prints a table and writes JSON of the shape documented in ``docs/specs.md``.
+prints a table and writes JSON of the shape documented in ``docs/specs.md``. ``learned`` in
+``--policies`` evaluates a trained orchestrator policy loaded from ``--checkpoint``; torch is
+imported only then, so the rule-engine benchmark stays quick to start.
 """
 
 from __future__ import annotations
@@ -10,16 +12,20 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from podium.envs.swarm.baselines import BASELINES
-from podium.envs.swarm.benchmark import bench_scheduling
+from podium.envs.swarm.benchmark import SchedulingPolicy, bench_scheduling
 from podium.envs.swarm.spec import default_pool, default_tasks_dir, load_pool, load_tasks
-from podium.errors import PodiumError
+from podium.errors import ArtifactError, ConfigError, PodiumError
 
 PROG = "podium bench scheduling"
+
+LEARNED = "learned"
+"""Policy name of the trained network given by ``--checkpoint``."""
 
 
 def _positive_int(text: str) -> int:
@@ -34,12 +40,41 @@ def _positive_int(text: str) -> int:
 
 def _policies(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in BASELINES]
+    known = {*BASELINES, LEARNED}
+    unknown = [p for p in names if p not in known]
     if not names or unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown policy {unknown[0] if unknown else text!r}; known: {', '.join(sorted(BASELINES))}"
+            f"unknown policy {unknown[0] if unknown else text!r}; known: {', '.join(sorted(known))}"
         )
     return names
+
+
+def _learned_policies(args: argparse.Namespace) -> dict[str, SchedulingPolicy]:
+    """The trained policy named by ``--checkpoint`` when ``learned`` is listed, else nothing.
+
+    Raises :class:`ConfigError` when the flags disagree, :class:`ArtifactError` (missing,
+    tampered or foreign file) with the flag named.
+    """
+    wanted = LEARNED in args.policies
+    if wanted and not args.checkpoint:
+        raise ConfigError(
+            f"--policies lists {LEARNED!r}: give the trained policy with --checkpoint PATH "
+            "(a policy .safetensors file, its version directory or a `podium train` run directory)"
+        )
+    if not wanted:
+        if args.checkpoint:
+            # A checkpoint that would be silently ignored is almost certainly a mistake.
+            raise ConfigError(
+                f"--checkpoint {args.checkpoint} is only used with --policies ...,{LEARNED}"
+            )
+        return {}
+    # Imported here: torch loads in seconds, and the rule engines do not need it.
+    from podium.train.policy import LearnedPolicy
+
+    try:
+        return {LEARNED: LearnedPolicy.from_checkpoint(args.checkpoint)}
+    except ArtifactError as exc:
+        raise ArtifactError(f"--checkpoint {args.checkpoint}: {exc}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +90,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policies",
         type=_policies,
         default=["sequential", "greedy", "cpls"],
-        help="comma-separated policies (sequential always runs as the reference)",
+        help=f"comma-separated policies among {', '.join(sorted({*BASELINES, LEARNED}))} "
+        f"(sequential always runs as the reference; {LEARNED} needs --checkpoint)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="trained policy for 'learned': a policy .safetensors (sha256-verified), its "
+        "version directory, or a `podium train` run directory (its newest checkpoint)",
     )
     parser.add_argument("--episodes", type=_positive_int, default=20, help="episodes per task")
     parser.add_argument("--seed", type=int, default=0, help="seed of episode 0 (default 0)")
@@ -65,13 +107,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; 2 with a message naming the problem on bad input."""
     try:
+        extra = _learned_policies(args)  # first: a bad checkpoint fails before any work
         pool = load_pool(args.pool) if args.pool else default_pool()
         tasks = load_tasks(args.tasks or default_tasks_dir(), pool)
-        result = bench_scheduling(tasks, pool, args.policies, args.episodes, args.seed)
+        result = bench_scheduling(tasks, pool, args.policies, args.episodes, args.seed, extra=extra)
     except PodiumError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    names = result["config"]["policies"]
+    config: dict[str, Any] = result["config"]
+    if LEARNED in extra:
+        config["checkpoint"] = str(args.checkpoint)
+    names = config["policies"]
     table = Table(title=f"Scheduling on {len(tasks)} tasks, {args.episodes} episodes each")
     table.add_column("task")
     table.add_column("n", justify="right")

@@ -15,8 +15,36 @@ import torch
 from numpy.typing import NDArray
 from torch import Tensor
 
-from podium.envs.swarm.simulator.env import ObservationLayout
+from podium.envs.swarm.simulator.env import ActionCodec, ObservationLayout
+from podium.envs.swarm.state import SwarmState
 from podium.policy.network import NetworkConfig, ObservationSplit, SwarmPolicyNet
+
+
+def guard_mask(state: SwarmState, mask: NDArray[np.bool_], codec: ActionCodec) -> NDArray[np.bool_]:
+    """The action mask minus the starts that loop detection would end the session on.
+
+    Starting a unit again on an agent it already failed on ``loop_retry_limit`` times is a
+    retry loop: the environment (rightly) ends the session there, incomplete. A learned
+    policy must never be able to choose that, neither by chance nor because ending early
+    looks cheap, so the orchestrator's policy acts on this guarded mask. If the guard would
+    leave nothing valid, the unguarded mask is returned and loop detection does its job.
+    """
+    limit = state.config.loop_retry_limit
+    guarded: NDArray[np.bool_] | None = None
+    for slot, idle in enumerate(state.failed_idle):
+        if idle <= 0 or slot >= codec.max_subtasks:
+            continue
+        unit = state.next_unit(slot)
+        if unit < 0:
+            continue
+        for agent, fails in enumerate(state.u_fails_on[unit]):
+            if fails >= limit:
+                if guarded is None:
+                    guarded = mask.copy()
+                guarded[codec.start(slot, agent, 1)] = False
+    if guarded is None or not guarded.any():
+        return mask
+    return guarded
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from podium.envs.swarm import SwarmEnv, SwarmState
 from podium.errors import ArtifactError
 from podium.policy.artifacts import ArtifactRef, LoadedWeights, load_weights, publish_weights
 from podium.policy.network import NetworkConfig, SwarmPolicyNet
-from podium.train.agent import SwarmAgent
+from podium.train.agent import SwarmAgent, guard_mask
 
 MODEL_NAME = "swarm_policy"
 """Model name of the orchestrator policy in artifact roots and the Triton repository."""
@@ -133,7 +133,7 @@ class LearnedPolicy:
         env = env_or_state
         agent = self.agent_for(env)
         obs = env.observation()[None, :]
-        mask = env.action_masks()[None, :]
+        mask = guard_mask(env.state, env.action_masks(), env.codec)[None, :]
         gen = None
         if not self.greedy:
             seed = rng.getrandbits(63) if isinstance(rng, random.Random) else 0

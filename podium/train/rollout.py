@@ -16,7 +16,7 @@ import torch
 
 from podium.envs.swarm import SwarmEnv, TaskSpec, make_policy
 from podium.envs.swarm.trajectory import episode_trajectory
-from podium.train.agent import SwarmAgent
+from podium.train.agent import SwarmAgent, guard_mask
 from podium.train.episodes import Episode, episode_to_decisions
 from podium.v1 import trajectory_pb2
 
@@ -77,7 +77,12 @@ def run_episodes(
         order = sorted(live)
         n_max = max(len(envs[e].task.subtasks) for e in order)
         obs = np.stack([live[e][2] for e in order])
-        masks = np.stack([envs[e].action_masks() for e in order])
+        if agent is not None:
+            masks = np.stack(
+                [guard_mask(envs[e].state, envs[e].action_masks(), envs[e].codec) for e in order]
+            )
+        else:
+            masks = np.stack([envs[e].action_masks() for e in order])
         if agent is not None:
             res = agent.act(obs, masks, n_max, greedy=greedy, generator=generator)
             actions, lps, vals = res.actions, res.log_probs, res.values

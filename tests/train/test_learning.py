@@ -162,3 +162,36 @@ def test_checkpoint_round_trip_and_tampering(
     ref.path.write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="sha256 mismatch"):
         load_policy(ref.path)
+
+
+def test_guard_mask_removes_only_the_starts_loop_detection_would_end() -> None:
+    from podium.envs.swarm import parse_pool, parse_task
+    from podium.train.agent import guard_mask
+
+    pool = parse_pool(
+        {
+            "max_parallel": 2,
+            "main_step_cost": 0.0,
+            "split_overhead": 0.1,
+            "agents": [
+                {"name": "flaky", "kinds": {"x": {"speed": 2.0, "success": 0.0, "noise": 0.0}}},
+                {"name": "solid", "kinds": {"x": {"speed": 1.0, "success": 1.0, "noise": 0.0}}},
+            ],
+        }
+    )
+    task = parse_task({"name": "one", "subtasks": [{"id": "a", "kind": "x", "work": 1.0}]})
+    env = SwarmEnv([task], pool, EnvConfig(max_subtasks=1, invalid_action="raise"))
+    env.reset(seed=0)
+    flaky = env.codec.start(0, 0, 1)
+    solid = env.codec.start(0, 1, 1)
+    for _ in range(env.config.loop_retry_limit):
+        guarded = guard_mask(env.state, env.action_masks(), env.codec)
+        assert guarded[flaky] and guarded[solid]
+        env.step(flaky)  # starts on the agent that always fails
+        env.step(env.codec.wait)  # and sees it fail
+    raw = env.action_masks()
+    guarded = guard_mask(env.state, raw, env.codec)
+    assert raw[flaky]  # the environment still allows it: loop detection would fire
+    assert not guarded[flaky] and guarded[solid]
+    _, _, term, _, info = env.step(flaky)
+    assert term and info["loop_detected"]

@@ -7,13 +7,13 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from podium.envs.swarm.baselines import RuleEngine, make_policy
+from podium.envs.swarm.baselines import BASELINES, make_policy
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.simulator.env import EnvConfig, SwarmEnv
 from podium.envs.swarm.spec import PoolSpec, TaskSpec
@@ -21,6 +21,18 @@ from podium.errors import ConfigError
 
 REFERENCE = "sequential"
 """Policy every benchmark runs as the reference for ``reduction_vs_sequential``."""
+
+
+class SchedulingPolicy(Protocol):
+    """Anything that schedules like the rule engines: one flat action for the env's state.
+
+    The rule engines (:func:`~podium.envs.swarm.baselines.make_policy`) and a trained network
+    (``podium.train.policy.LearnedPolicy``) both fit, so they are benchmarked by one loop.
+    """
+
+    def act(self, env: SwarmEnv, rng: random.Random) -> int:
+        """The next action for ``env``'s current state (must be valid under its mask)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +49,7 @@ class EpisodeResult:
     """Orchestrator decisions taken."""
 
 
-def run_episode(env: SwarmEnv, policy: RuleEngine, task: str, seed: int) -> EpisodeResult:
+def run_episode(env: SwarmEnv, policy: SchedulingPolicy, task: str, seed: int) -> EpisodeResult:
     """Run ``policy`` on ``task`` until the episode ends."""
     env.reset(seed=seed, options={"task": task})
     rng = random.Random(seed)
@@ -58,14 +70,31 @@ def bench_scheduling(
     policies: Sequence[str],
     episodes: int,
     seed: int,
+    *,
+    extra: Mapping[str, SchedulingPolicy] | None = None,
 ) -> dict[str, Any]:
     """Mean latency, completion rate, ratio to bound and reduction vs sequential per task
     and policy, and their means over tasks. Episode e of every policy uses seed ``seed + e``
-    (common random numbers across policies)."""
+    (common random numbers across policies).
+
+    ``policies`` names rule engines, or keys of ``extra``: policies built by the caller, such
+    as a trained network (``{"learned": LearnedPolicy.from_checkpoint(path)}``). They are
+    passed in rather than built here so this module, and ``podium bench scheduling`` without a
+    learned policy, never import torch.
+    """
     if episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {episodes}")
+    extra = dict(extra or {})
+    if REFERENCE in extra:
+        raise ConfigError(f"policy name {REFERENCE!r} is reserved for the reference rule engine")
     names = [REFERENCE, *[p for p in dict.fromkeys(policies) if p != REFERENCE]]
-    engines = {n: make_policy(n) for n in names}
+    unknown = [n for n in names if n not in extra and n not in BASELINES]
+    if unknown:
+        known = ", ".join(sorted({*BASELINES, *extra}))
+        raise ConfigError(f"unknown policy {unknown[0]!r}; known: {known}")
+    engines: dict[str, SchedulingPolicy] = {
+        n: extra[n] if n in extra else make_policy(n) for n in names
+    }
     env = SwarmEnv(
         list(tasks),
         SubagentPool(pool),
