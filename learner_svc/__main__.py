@@ -7,7 +7,7 @@ from learner_svc.config import LearnerConfig
 from podium.bus import connect
 from podium.bus.base import Bus
 from podium.config import from_env
-from podium.service import App, run_standalone, setup_logging
+from podium.service import App, default_instance_name, run_standalone, setup_logging
 from podium.telemetry import setup_tracing
 
 
@@ -17,6 +17,12 @@ def load() -> tuple[App, Bus]:
     setup_logging(config.log_level)
     provider = setup_tracing(SERVICE, set_global=True)
     bus = connect(config.bus_url)
+    if config.mode == "swarm":
+        # Imported here: torch and the policy network are only needed in this mode.
+        from learner_svc.swarm import SwarmLearnerApp
+
+        instance = config.instance or default_instance_name(SERVICE)
+        return SwarmLearnerApp(config, bus, instance=instance), bus
     return LearnerApp(config, bus, tracer_provider=provider), bus
 
 

@@ -55,6 +55,9 @@ class LearnerState:
     """Records that could not be used (malformed) and went to the dead-letter topic."""
     skipped_redelivered: int = 0
     """Redelivered records skipped because the weights already contain them."""
+    skipped_off_policy: int = 0
+    """Trajectories that are not on-policy samples of a learned version (rule-engine or argmax
+    sessions): read, accounted for, never trained on."""
     ledger: list[str] = field(default_factory=list)
     """Trajectory ids trained on, in order (kept when the learner's ``keep_ledger`` is set)."""
 
@@ -72,6 +75,7 @@ class LearnerState:
             "dropped_stale": self.dropped_stale,
             "dead_lettered": self.dead_lettered,
             "skipped_redelivered": self.skipped_redelivered,
+            "skipped_off_policy": self.skipped_off_policy,
             "ledger": list(self.ledger),
         }
 
@@ -87,6 +91,8 @@ class LearnerState:
             dropped_stale=int(data["dropped_stale"]),
             dead_lettered=int(data["dead_lettered"]),
             skipped_redelivered=int(data["skipped_redelivered"]),
+            # Absent in checkpoints written before the swarm learner existed.
+            skipped_off_policy=int(data.get("skipped_off_policy", 0)),
             ledger=[str(i) for i in data["ledger"]],
         )
 

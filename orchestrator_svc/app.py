@@ -26,6 +26,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -47,7 +48,13 @@ from podium.service import default_instance_name
 from podium.telemetry import TracingServerInterceptor
 from podium.v1 import envelope_pb2, reward_pb2, session_service_pb2, subtask_pb2, task_pb2
 
+if TYPE_CHECKING:
+    from orchestrator_svc.learned import LearnedPolicySource
+
 _log = logging.getLogger(__name__)
+
+LEARNED = "learned"
+"""``PODIUM_POLICY`` value selecting the learned policy."""
 
 SERVICE = "orchestrator_svc"
 """Service name (OpenTelemetry ``service.name``, default instance prefix)."""
@@ -84,6 +91,23 @@ class OrchestratorApp:
             raise ConfigError(f"PODIUM_POOL_SPEC={config.pool_spec!r}: {exc}") from exc
         self.pool_spec = spec
         self.pool = SubagentPool(spec)
+        self.learned: LearnedPolicySource | None = None
+        """The learned policy's versions (``PODIUM_POLICY=learned``), else None."""
+        if policy is None and config.policy == LEARNED:
+            # Imported here: torch and the policy network are only needed in this mode.
+            import torch
+
+            from orchestrator_svc.learned import LearnedPolicySource
+
+            # Decisions are single small forward passes: one thread keeps their latency low
+            # and leaves the other cores to the services beside this one.
+            torch.set_num_threads(1)
+            self.learned = LearnedPolicySource(
+                tuple(self.pool.agent_names),
+                default_max_subtasks=config.policy_max_subtasks,
+                sample_prefixes=config.policy_sample_from,
+            )
+            policy = self.learned.cold_start
         self.policy = policy if policy is not None else make_policy(config.policy)
         provider = tracer_provider or trace.get_tracer_provider()
         self.tracer = provider.get_tracer(SERVICE)
@@ -119,6 +143,19 @@ class OrchestratorApp:
             producer_name=self.instance,
             partitions=config.topic_partitions,
         )
+        # Every replica loads every version, so each has its own group on the policy topic.
+        self.policy_consumer = (
+            EventConsumer(
+                bus,
+                [topics.POLICY_UPDATES],
+                f"{config.group_id}.policy.{self.instance}",
+                self._on_policy,
+                producer_name=self.instance,
+                partitions=config.topic_partitions,
+            )
+            if self.learned is not None
+            else None
+        )
         self.serve_grpc = serve_grpc
         # Built in start(): a grpc.aio server binds to the event loop it is created in.
         self.grpc: GrpcServer | None = None
@@ -145,7 +182,10 @@ class OrchestratorApp:
                 for t in (topics.SUBTASKS_ASSIGNED, topics.TRAJECTORIES, topics.FEEDBACK)
             ]
         )
-        for consumer in (self.results_consumer, self.scores_consumer, self.tasks_consumer):
+        consumers = [self.results_consumer, self.scores_consumer]
+        if self.policy_consumer is not None:
+            consumers.append(self.policy_consumer)
+        for consumer in (*consumers, self.tasks_consumer):
             await consumer.start()
             self._consumer_tasks.append(
                 asyncio.create_task(consumer.run(), name=f"{SERVICE}.{consumer.group_id}")
@@ -178,6 +218,11 @@ class OrchestratorApp:
         await asyncio.gather(
             self.results_consumer.stop(timeout_s=timeout),
             self.scores_consumer.stop(timeout_s=timeout),
+            *(
+                [self.policy_consumer.stop(timeout_s=timeout)]
+                if self.policy_consumer is not None
+                else []
+            ),
         )
         if self.grpc is not None:
             await self.grpc.stop(grace_s=min(timeout, 5.0))
@@ -261,7 +306,8 @@ class OrchestratorApp:
             submitted,
             task,
             self.pool,
-            self.policy,
+            # A learned session is pinned to the version serving now (see learned.py).
+            self.learned.for_session(submitted) if self.learned is not None else self.policy,
             self.publisher,
             handle,
             self.settings,
@@ -296,6 +342,12 @@ class OrchestratorApp:
                 result.execution_id,
                 result.session_id,
             )
+
+    async def _on_policy(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
+        assert self.learned is not None
+        # A rejected version is logged by the source and the previous one keeps serving; the
+        # event is still consumed (retrying a corrupt file would not make it load).
+        await self.learned.on_policy_updated(unpack_as(envelope, reward_pb2.PolicyUpdated))
 
     async def _on_score(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
         scored = unpack_as(envelope, reward_pb2.ScoredTrajectory)

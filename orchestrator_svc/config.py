@@ -25,7 +25,15 @@ class OrchestratorConfig(ServiceConfig):
     """Pool spec file (JSON/YAML) the scheduler plans for; empty = the shipped default.
     Must be the same pool subagent_svc simulates."""
     policy: str = env("PODIUM_POLICY", default="cpls")
-    """Scheduling policy: a rule engine of the swarm environment (cpls, greedy, sequential)."""
+    """Scheduling policy: a rule engine of the swarm environment (cpls, greedy, sequential), or
+    ``learned``: the versions announced on the policy-updates topic, hot-swapped, with cpls
+    deciding until the first one has loaded."""
+    policy_sample_from: tuple[str, ...] = env("PODIUM_POLICY_SAMPLE_FROM", default=("trainer",))
+    """Learned policy: sessions whose ``submitted_by`` starts with one of these (comma-separated)
+    sample their actions (training); all others take the argmax (live traffic, evaluation)."""
+    policy_max_subtasks: int = env("PODIUM_POLICY_MAX_SUBTASKS", default=64, parse=positive_int)
+    """Learned policy: environment slot count S for versions whose metadata does not say which
+    S they were trained with (the running-table features are scaled by it)."""
     max_sessions: int = env("PODIUM_MAX_SESSIONS", default=64, parse=positive_int)
     """Sessions run at once; further TaskSubmitted events wait (backpressure on the topic)."""
     session_timeout_s: float = env("PODIUM_SESSION_TIMEOUT_S", default=120.0, parse=positive_float)

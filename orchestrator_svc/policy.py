@@ -14,14 +14,15 @@ policy implements the same protocol and returns its log-probability and value to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
 
 from podium.envs.swarm import baselines
 from podium.envs.swarm.baselines import RuleEngine
-from podium.envs.swarm.simulator.env import SwarmEnv
+from podium.envs.swarm.simulator.env import EnvConfig, SwarmEnv
+from podium.v1 import trajectory_pb2
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,26 @@ class SchedulingPolicy(Protocol):
 
     def act(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep:
         """Choose a valid action for the environment's current state."""
+        ...
+
+
+@runtime_checkable
+class TrainingPolicy(Protocol):
+    """A policy whose sessions feed the learner (:mod:`orchestrator_svc.learned`): it runs on
+    the environment configuration it was trained with and writes the decisions' training
+    tensors into the session's trajectory."""
+
+    name: str
+    version: str
+
+    def act(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep: ...
+
+    def env_config(self, n_subtasks: int) -> EnvConfig:
+        """The environment configuration for a task of ``n_subtasks`` subtasks."""
+        ...
+
+    def write_training_tensors(self, traj: trajectory_pb2.Trajectory) -> None:
+        """Fill ``traj``'s decisions with what the learner trains on."""
         ...
 
 

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 import numpy as np
 from opentelemetry import trace
 
-from orchestrator_svc.policy import SchedulingPolicy
+from orchestrator_svc.policy import SchedulingPolicy, TrainingPolicy
 from podium import topics
 from podium.bus.consumer import EventPublisher
 from podium.envs.swarm.pool import SubagentPool
@@ -214,13 +214,15 @@ class Session:
         # run of the same session (a redelivered TaskSubmitted) are recognised as stale.
         self.run_id = secrets.token_hex(4)
         n = len(task.subtasks)
-        self.env = SwarmEnv(
-            [task],
-            pool,
-            EnvConfig(
+        env_config = (
+            # A learned policy runs on the environment layout it was trained with.
+            policy.env_config(n)
+            if isinstance(policy, TrainingPolicy)
+            else EnvConfig(
                 max_subtasks=max(64, n), invalid_action="raise", max_steps=settings.max_decisions
-            ),
+            )
         )
+        self.env = SwarmEnv([task], pool, env_config)
         self.sim = BusSimulator(
             task, pool, self.seed, StateConfig(loop_retry_limit=self.env.config.loop_retry_limit)
         )
@@ -328,7 +330,7 @@ class Session:
             valid_actions=int(np.count_nonzero(mask)),
             policy_version=self.policy.version,
         )
-        if self.settings.record_tensors:
+        if self.settings.record_tensors and not isinstance(self.policy, TrainingPolicy):
             decision.observation_tensor = obs.astype("<f4").tobytes()
             decision.action_mask = mask.astype(np.uint8).tobytes()
         before = len(self.sim.delivered)
@@ -432,6 +434,8 @@ class Session:
         del traj.decisions[:]
         traj.decisions.extend(self.decisions)
         traj.loop_detected = traj.loop_detected or truncated
+        if isinstance(self.policy, TrainingPolicy):
+            self.policy.write_training_tensors(traj)
         traj.started_at.FromDatetime(started_at)
         traj.ended_at.FromDatetime(datetime.now(UTC))
         for rec, ex in zip(self.sim.state.executions, traj.executions, strict=True):

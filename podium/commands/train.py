@@ -35,7 +35,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bus",
         default="inproc://",
-        help="inproc:// (default, embedded) or kafka://HOST:PORT (reward_svc runs as its own process)",
+        help="inproc:// (default: embedded, one process) or kafka://HOST:PORT (every service its "
+        "own process: python -m orchestrator_svc, subagent_svc x --workers, reward_svc, "
+        "learner_svc)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        default=2,
+        help="with kafka://: sub-agent worker processes (default 2)",
+    )
+    parser.add_argument(
+        "--external",
+        action="store_true",
+        help="with kafka://: the services already run; only submit sessions and follow versions",
+    )
+    parser.add_argument(
+        "--init",
+        choices=("scratch", "bc"),
+        default=None,
+        help="with kafka://: start from a fresh network (default) or behaviour cloning from cpls",
     )
     parser.add_argument(
         "--iterations", type=_positive, default=None, help="PPO iterations (default 60)"
@@ -90,8 +109,66 @@ def config_from_args(args: argparse.Namespace) -> object:
     return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def distributed_config_from_args(args: argparse.Namespace) -> object:
+    """The :class:`~podium.train.distributed.DistributedConfig` the options describe."""
+    from podium.train.distributed import DistributedConfig
+
+    cfg = DistributedConfig(
+        bus=args.bus,
+        run_dir=args.run_dir,
+        workers=args.workers,
+        spawn=not args.external,
+        seed=args.seed,
+        init=args.init or "scratch",
+    )
+    if args.quick:
+        cfg = replace(cfg, iterations=3, sessions_per_iteration=16, eval_every=3, eval_tasks=4)
+    overrides = {
+        "iterations": args.iterations,
+        "sessions_per_iteration": args.episodes,
+        "suite_size": args.suite_size,
+        "bc_epochs": args.bc_epochs,
+    }
+    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def run_distributed(args: argparse.Namespace) -> int:
+    """``--bus kafka://``: the services as processes; one line per event, then the table."""
+    from podium.train.distributed import DistributedConfig, train_distributed
+
+    cfg = distributed_config_from_args(args)
+    assert isinstance(cfg, DistributedConfig)
+    console = Console(stderr=True)
+
+    def progress(phase: str, f: dict[str, float]) -> None:
+        figures = " ".join(f"{k}={v:.4g}" for k, v in f.items())
+        console.print(f"{phase} {figures}", highlight=False)
+
+    try:
+        result = asyncio.run(train_distributed(cfg, progress))
+    except PodiumError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 1
+    table = Table(title=f"evaluation ({result.run_dir / 'summary.json'})")
+    for col in ("version", "latency/bound (eval)", "completion", "latency/bound (training)"):
+        table.add_column(col, justify="right")
+    for v in result.versions:
+        table.add_row(
+            str(v.version),
+            "" if v.eval_ratio is None else f"{v.eval_ratio:.3f}",
+            "" if v.eval_completion is None else f"{v.eval_completion:.2f}",
+            "" if v.train_ratio is None else f"{v.train_ratio:.3f}",
+        )
+    Console().print(table)
+    print(f"sub-agent results per worker: {result.results_per_worker}")
+    print(f"process exit codes: {result.exit_codes}  ({result.wall_s / 60:.1f} min)")
+    return 0 if all(code == 0 for code in result.exit_codes.values()) else 1
+
+
 def run(args: argparse.Namespace) -> int:
     """Train, showing live progress on stderr, then print the held-out table."""
+    if args.bus.startswith("kafka://"):
+        return run_distributed(args)
     from podium.train.pipeline import TrainConfig, train
 
     cfg = config_from_args(args)

@@ -74,7 +74,7 @@ async def test_training_over_kafka_with_service_processes(
         name: (config.run_dir / "logs" / f"{name}.log").read_text()[-1500:]
         for name in result.exit_codes
     }
-    for name in ("orchestrator", "learner", "worker-1", "worker-2"):
+    for name in ("orchestrator", "reward", "learner", "worker-1", "worker-2"):
         log = (config.run_dir / "logs" / f"{name}.log").read_text()
         assert "stop signal received; stopping gracefully" in log, name
     assert (config.run_dir / "summary.json").is_file()

@@ -1,0 +1,206 @@
+"""orchestrator_svc with ``PODIUM_POLICY=learned``: cold start on cpls, hot swap from
+PolicyUpdated events, a rejected version leaves the previous one serving, sampling for training
+sessions, and training tensors byte-identical to the embedded trainer's for the same session."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from orchestrator_svc import OrchestratorApp, OrchestratorConfig
+from podium import topics
+from podium.bus import InProcBus
+from podium.bus.consumer import EventPublisher
+from podium.envs.swarm import EnvConfig, SwarmEnv, TaskSpec, default_pool
+from podium.envs.swarm.generator import generate_suite
+from podium.envs.swarm.simulator.executor import SwarmSimulator
+from podium.envs.swarm.state import StateConfig
+from podium.envs.swarm.trajectory import task_to_proto
+from podium.policy.artifacts import ArtifactRef
+from podium.train.agent import SwarmAgent
+from podium.train.episodes import episode_from_trajectory
+from podium.train.policy import MODEL_NAME, save_policy
+from podium.train.rollout import Job, run_episodes
+from podium.v1 import reward_pb2, task_pb2, trajectory_pb2
+from subagent_svc import SubagentApp, SubagentConfig
+
+
+class SeededEnv(SwarmEnv):
+    """The simulator seeded the way the orchestrator seeds a session (with the session seed)."""
+
+    session_seed = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        _, info = super().reset(seed=seed, options=options)
+        self.sim = SwarmSimulator(
+            self.task,
+            self.pool,
+            seed=self.session_seed,
+            config=StateConfig(loop_retry_limit=self.config.loop_retry_limit),
+        )
+        self._refresh()
+        return self._obs.copy(), info
+
+
+@pytest.fixture
+async def learned_stack() -> AsyncIterator[tuple[InProcBus, OrchestratorApp]]:
+    bus = InProcBus()
+    await bus.start()
+    orch = OrchestratorApp(
+        OrchestratorConfig(
+            bus_url="embedded",
+            group_id="lt.orchestrator",
+            policy="learned",
+            session_timeout_s=20.0,
+            shutdown_timeout_s=5.0,
+        ),
+        bus,
+        serve_grpc=False,
+    )
+    worker = SubagentApp(
+        SubagentConfig(bus_url="embedded", group_id="lt.subagent", shutdown_timeout_s=5.0), bus
+    )
+    await worker.start()
+    await orch.start()
+    try:
+        yield bus, orch
+    finally:
+        await orch.stop()
+        await worker.stop()
+        await bus.stop()
+
+
+def tasks() -> list[TaskSpec]:
+    return generate_suite(6, seed=3, sizes=(4, 9))
+
+
+def fresh_policy(root: Path, version: int, seed: int) -> tuple[ArtifactRef, SwarmAgent]:
+    env = SwarmEnv(tasks(), default_pool(), EnvConfig(max_subtasks=64))
+    torch.manual_seed(seed)
+    agent = SwarmAgent(env.layout)
+    ref = save_policy(agent.net, root, version, tuple(env.layout.agents), max_subtasks="64")
+    return ref, agent
+
+
+async def announce(bus: InProcBus, ref: ArtifactRef, *, sha256: str | None = None) -> None:
+    event = reward_pb2.PolicyUpdated(
+        model_name=MODEL_NAME, version=ref.version, uri=ref.uri, sha256=sha256 or ref.sha256
+    )
+    await EventPublisher(bus, producer_name="test").publish(
+        topics.POLICY_UPDATES, event, key=MODEL_NAME
+    )
+
+
+async def run_session(
+    bus: InProcBus, orch: OrchestratorApp, task: TaskSpec, seed: int, submitted_by: str
+) -> trajectory_pb2.Trajectory:
+    sid = f"s-{submitted_by}-{seed}-{uuid.uuid4().hex[:8]}"
+    await EventPublisher(bus, producer_name="test").publish(
+        topics.TASKS,
+        task_pb2.TaskSubmitted(
+            session_id=sid, task=task_to_proto(task), submitted_by=submitted_by, seed=seed
+        ),
+        key=sid,
+    )
+    for _ in range(400):
+        handle = orch.session(sid)
+        if handle is not None and handle.trajectory is not None:
+            return handle.trajectory
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"session {sid} did not finish")
+
+
+async def wait_version(orch: OrchestratorApp, version: int) -> None:
+    assert orch.learned is not None
+    for _ in range(200):
+        if orch.learned.version == version:
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"orchestrator serves {orch.learned.version}, expected {version}")
+
+
+async def test_cold_start_then_hot_swap_and_rejected_versions(
+    learned_stack: tuple[InProcBus, OrchestratorApp], tmp_path: Path
+) -> None:
+    bus, orch = learned_stack
+    task = tasks()[0]
+    cold = await run_session(bus, orch, task, 5, "grpc:ide")
+    assert cold.policy_version == "rules:cpls"
+    assert {d.policy_version for d in cold.decisions} == {"rules:cpls"}
+    assert not any(d.observation_tensor for d in cold.decisions)
+
+    ref1, _ = fresh_policy(tmp_path, 1, seed=1)
+    await announce(bus, ref1)
+    await wait_version(orch, 1)
+    first = await run_session(bus, orch, task, 5, "grpc:ide")
+    assert first.policy_version == "1" and first.labels["actions"] == "argmax"
+
+    # A tampered announcement (wrong sha256) is refused; version 1 keeps serving.
+    ref2, _ = fresh_policy(tmp_path, 2, seed=2)
+    await announce(bus, ref2, sha256="0" * 64)
+    await asyncio.sleep(0.3)
+    assert orch.learned is not None and orch.learned.version == 1
+    assert "sha256 mismatch" in str(orch.learned.holder.last_error)
+    again = await run_session(bus, orch, task, 6, "grpc:ide")
+    assert again.policy_version == "1"
+
+    # The genuine announcement of version 2 swaps; a late version-1 event cannot roll back.
+    await announce(bus, ref2)
+    await wait_version(orch, 2)
+    await announce(bus, ref1)
+    await asyncio.sleep(0.2)
+    assert orch.learned.version == 2
+    assert (await run_session(bus, orch, task, 7, "grpc:ide")).policy_version == "2"
+
+
+async def test_training_sessions_sample_and_match_the_embedded_trainer_bytes(
+    learned_stack: tuple[InProcBus, OrchestratorApp], tmp_path: Path
+) -> None:
+    bus, orch = learned_stack
+    ref, agent = fresh_policy(tmp_path, 1, seed=4)
+    await announce(bus, ref)
+    await wait_version(orch, 1)
+    pool = default_pool()
+    for i, task in enumerate(tasks()[:3]):
+        seed = 100 + i
+        served = await run_session(bus, orch, task, seed, "eval:x")
+        # The embedded trainer's recording of the same session (argmax, same simulator seed).
+        env = SeededEnv([task], pool, EnvConfig(max_subtasks=64, invalid_action="raise"))
+        env.session_seed = seed
+        _, (embedded,) = run_episodes(
+            [env], [Job(task, 0)], agent=agent, greedy=True, with_trajectories=True
+        )
+        assert len(served.decisions) == len(embedded.decisions) > 0
+        for d_s, d_e in zip(served.decisions, embedded.decisions, strict=True):
+            assert d_s.action.index == d_e.action.index
+            assert d_s.observation_tensor == d_e.observation_tensor
+            assert d_s.action_mask == d_e.action_mask
+            assert d_s.log_prob == d_e.log_prob and d_s.value == d_e.value
+            assert d_s.env_reward == d_e.env_reward
+        assert served.latency == pytest.approx(embedded.latency)
+
+    # Training sessions sample: over a few seeds, some action differs from the argmax one,
+    # and every trajectory decodes into a learner episode on version 1.
+    task = tasks()[1]
+    layout = agent.layout
+    differs = 0
+    for seed in range(200, 206):
+        sampled = await run_session(bus, orch, task, seed, "trainer:x")
+        greedy = await run_session(bus, orch, task, seed, "eval:y")
+        assert sampled.labels["actions"] == "sampled"
+        ep = episode_from_trajectory(
+            sampled, layout.slot_features, layout.size - layout.slots_end, len(layout.agents)
+        )
+        assert ep.policy_version == 1 and ep.length == len(sampled.decisions)
+        assert np.all(ep.log_probs <= 0)
+        differs += [d.action.index for d in sampled.decisions] != [
+            d.action.index for d in greedy.decisions
+        ]
+    assert differs > 0
