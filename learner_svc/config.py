@@ -71,6 +71,11 @@ class LearnerConfig(ServiceConfig):
     orchestrator schedules for (the action layout depends on its agents)."""
     tensorboard_dir: str = env("PODIUM_LEARNER_TB", default="")
     """Swarm mode: TensorBoard log directory; empty = none."""
+    model_repository: str = env("PODIUM_MODEL_REPOSITORY", default="")
+    """Swarm mode: Triton model repository to export every published version >= 1 into
+    (``<repo>/swarm_policy/<version>/model.onnx``, announced as ``onnx_uri`` /
+    ``onnx_sha256``), for orchestrators with a served backend; empty = no export. The
+    KServe-V2 server must serve this directory, and those orchestrators read it too."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -14,7 +14,9 @@
    reward service's ``total`` at the end of the session);
 3. **checkpoint** weights, optimizer, step, version and consumed offsets atomically
    (:mod:`learner_svc.checkpoint`), **commit**, then **publish** the new version with
-   :func:`podium.train.policy.save_policy` and announce it (``PolicyUpdated``, event id
+   :func:`podium.train.policy.save_policy`, export it to ONNX into the Triton model repository
+   when ``PODIUM_MODEL_REPOSITORY`` is set (:func:`podium.train.policy.export_swarm_policy`),
+   and announce it (``PolicyUpdated`` with ``onnx_uri`` / ``onnx_sha256``, event id
    ``swarm_policy:<version>``). The order, and why it makes every trajectory count exactly
    once across crashes, is :mod:`learner_svc.streaming`'s.
 
@@ -57,7 +59,13 @@ from podium.policy.network import SwarmPolicyNet
 from podium.train.agent import SwarmAgent
 from podium.train.episodes import Episode, episode_from_trajectory
 from podium.train.learn import SwarmPPOConfig, ppo_update
-from podium.train.policy import MODEL_NAME, load_policy, save_policy
+from podium.train.policy import (
+    MODEL_NAME,
+    export_swarm_policy,
+    load_policy,
+    save_policy,
+    swarm_policy_updated,
+)
 from podium.v1 import reward_pb2
 
 _log = logging.getLogger(__name__)
@@ -183,13 +191,17 @@ class SwarmLearner:
             max_subtasks=str(self.config.max_subtasks),
             step=str(st.step),
         )
-        event = reward_pb2.PolicyUpdated(
-            model_name=MODEL_NAME,
-            version=st.policy_version,
-            uri=ref.uri,
-            sha256=ref.sha256,
-            metrics=metrics,
-        )
+        exported = None
+        if self.config.model_repository and st.policy_version >= 1:
+            # In a worker thread: the export and its onnxruntime check take about a second.
+            # Version 0 (the starting weights) has none: Triton versions start at 1.
+            exported = await asyncio.to_thread(
+                export_swarm_policy,
+                self.agent.net,
+                self.config.model_repository,
+                st.policy_version,
+            )
+        event = swarm_policy_updated(ref, exported, metrics)
         await self.publisher.publish(
             topics.POLICY_UPDATES,
             event,

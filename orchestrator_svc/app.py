@@ -41,15 +41,18 @@ from podium.bus.base import Bus, Record, TopicSpec
 from podium.bus.consumer import EventConsumer, EventPublisher
 from podium.codec import unpack_as
 from podium.envs.swarm.pool import SubagentPool
-from podium.envs.swarm.spec import PoolSpec, default_pool, load_pool
+from podium.envs.swarm.simulator.env import EnvConfig, SwarmEnv
+from podium.envs.swarm.spec import PoolSpec, TaskSpec, default_pool, load_pool, parse_task
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.errors import ConfigError, ProcessingError, SpecError
 from podium.service import default_instance_name
+from podium.serving.endpoint import parse_backend
 from podium.telemetry import TracingServerInterceptor
 from podium.v1 import envelope_pb2, reward_pb2, session_service_pb2, subtask_pb2, task_pb2
 
 if TYPE_CHECKING:
     from orchestrator_svc.learned import LearnedPolicySource
+    from podium.serving.backends import ServedPolicy
 
 _log = logging.getLogger(__name__)
 
@@ -58,6 +61,15 @@ LEARNED = "learned"
 
 SERVICE = "orchestrator_svc"
 """Service name (OpenTelemetry ``service.name``, default instance prefix)."""
+
+
+def _probe_task(pool: PoolSpec) -> TaskSpec:
+    """A one-subtask task of ``pool``: the environment layout depends on the pool only."""
+    if not pool.kinds:
+        raise ConfigError(f"pool {pool.name!r} names no subtask kinds")
+    return parse_task(
+        {"name": "layout", "subtasks": [{"id": "a", "kind": pool.kinds[0], "work": 1.0}]}
+    )
 
 
 class OrchestratorApp:
@@ -106,6 +118,7 @@ class OrchestratorApp:
                 tuple(self.pool.agent_names),
                 default_max_subtasks=config.policy_max_subtasks,
                 sample_prefixes=config.policy_sample_from,
+                backend=self._served_backend(config),
             )
             policy = self.learned.cold_start
         self.policy = policy if policy is not None else make_policy(config.policy)
@@ -167,6 +180,26 @@ class OrchestratorApp:
         self._consumer_tasks: list[asyncio.Task[None]] = []
         self.sessions_finished = 0
 
+    def _served_backend(self, config: OrchestratorConfig) -> ServedPolicy | None:
+        """The KServe-V2 client when ``PODIUM_POLICY_BACKEND=v2://...``, else None (torch)."""
+        address = parse_backend(config.policy_backend)
+        if address is None:
+            return None
+        from podium.serving.backends import ServedPolicy
+        from podium.serving.contract import CONTROL_ACTIONS, PolicySignature
+        from podium.train.policy import MODEL_NAME
+
+        # The tensor sizes every served version must accept, from this pool's environment
+        # layout; ServedPolicy checks each request against them before sending it.
+        probe = SwarmEnv([_probe_task(self.pool_spec)], self.pool, EnvConfig(max_subtasks=1))
+        layout = probe.layout
+        signature = PolicySignature(
+            subtask_features=layout.slot_features,
+            global_features=layout.size - layout.slots_end,
+            actions_per_subtask=probe.codec.size - CONTROL_ACTIONS,  # one slot
+        )
+        return ServedPolicy(address, MODEL_NAME, signature, timeout_s=config.serving_timeout_s)
+
     @property
     def grpc_port(self) -> int:
         """Port the SessionService is bound to (0 before start or without gRPC)."""
@@ -175,6 +208,9 @@ class OrchestratorApp:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        backend = self.learned.backend if self.learned is not None else None
+        if backend is not None:
+            await self._await_server(backend)
         p = self.config.topic_partitions
         await self.bus.create_topics(
             [
@@ -200,6 +236,21 @@ class OrchestratorApp:
             )
             port = await self.grpc.start()
             _log.info("%s: SessionService on %s:%d", self.instance, self.config.grpc_host, port)
+
+    async def _await_server(self, backend: ServedPolicy) -> None:
+        """Fail start-up, naming the setting, if the policy server does not answer ready. No
+        model needs to be loaded yet: cpls decides until the first PolicyUpdated."""
+        deadline = asyncio.get_running_loop().time() + self.config.serving_ready_timeout_s
+        while not await asyncio.to_thread(backend.server_ready):
+            if asyncio.get_running_loop().time() >= deadline:
+                backend.close()
+                raise ProcessingError(
+                    f"PODIUM_POLICY_BACKEND={self.config.policy_backend}: no ready KServe-V2 "
+                    f"server after {self.config.serving_ready_timeout_s:g} s",
+                    retriable=True,
+                )
+            await asyncio.sleep(0.2)
+        _log.info("%s: policy decisions on %s", self.instance, self.config.policy_backend)
 
     async def stop(self) -> None:
         """Graceful: stop intake (gRPC NOT_SERVING, no new tasks), let running sessions finish
@@ -227,6 +278,8 @@ class OrchestratorApp:
         if self.grpc is not None:
             await self.grpc.stop(grace_s=min(timeout, 5.0))
         await asyncio.wait(self._consumer_tasks, timeout=timeout)
+        if self.learned is not None and self.learned.backend is not None:
+            self.learned.backend.close()
 
     async def wait(self) -> None:
         if self._consumer_tasks:

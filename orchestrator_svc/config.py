@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from podium.config import ServiceConfig, env, port, positive_float, positive_int
+from podium.errors import ConfigError
+from podium.serving.endpoint import LOCAL, parse_backend, policy_backend
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,17 @@ class OrchestratorConfig(ServiceConfig):
     policy_max_subtasks: int = env("PODIUM_POLICY_MAX_SUBTASKS", default=64, parse=positive_int)
     """Learned policy: environment slot count S for versions whose metadata does not say which
     S they were trained with (the running-table features are scaled by it)."""
+    policy_backend: str = env("PODIUM_POLICY_BACKEND", default=LOCAL, parse=policy_backend)
+    """Learned policy: where its decisions are computed. ``local``: torch in this process;
+    ``v2://HOST:PORT``: a KServe-V2 gRPC server (Triton, or MLServer on CPU machines) serving
+    the model repository the learner exports into; each announced version is verified against
+    its ``onnx_sha256`` and loaded through the repository API (docs/serving.md)."""
+    serving_timeout_s: float = env("PODIUM_SERVING_TIMEOUT_S", default=5.0, parse=positive_float)
+    """Served backend: deadline of one inference call, in seconds."""
+    serving_ready_timeout_s: float = env(
+        "PODIUM_SERVING_READY_TIMEOUT_S", default=30.0, parse=positive_float
+    )
+    """Served backend: how long start-up waits for the server to answer ready."""
     max_sessions: int = env("PODIUM_MAX_SESSIONS", default=64, parse=positive_int)
     """Sessions run at once; further TaskSubmitted events wait (backpressure on the topic)."""
     session_timeout_s: float = env("PODIUM_SESSION_TIMEOUT_S", default=120.0, parse=positive_float)
@@ -42,3 +55,12 @@ class OrchestratorConfig(ServiceConfig):
     """Decisions after which a session is ended as a loop, whatever the policy does."""
     keep_sessions: int = env("PODIUM_KEEP_SESSIONS", default=10_000, parse=positive_int)
     """Finished sessions kept in memory for GetSession / StreamSession (oldest dropped)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Also for configs built in code, which skip the variable's parse function.
+        if parse_backend(self.policy_backend) is not None and self.policy != "learned":
+            raise ConfigError(
+                f"PODIUM_POLICY_BACKEND={self.policy_backend} serves the learned policy only; "
+                f"PODIUM_POLICY={self.policy!r} is a rule engine (set PODIUM_POLICY=learned)"
+            )

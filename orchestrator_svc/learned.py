@@ -20,13 +20,23 @@ argmax. Each learned session records, per decision, exactly what the embedded tr
 the trimmed action mask, the action in the trimmed layout, log π(a|s) and V(s). The trajectory
 gets them through :func:`podium.train.episodes.episode_to_decisions`, so a trajectory from
 this service and one from the embedded path are byte-identical for the same session.
+
+Where the network runs is ``PODIUM_POLICY_BACKEND``: ``local`` (above), or ``v2://HOST:PORT``,
+a KServe-V2 server: the source then has a :class:`~podium.serving.backends.ServedPolicy`, a
+version goes live only once the server has loaded its verified ONNX export
+(:meth:`LearnedPolicySource.on_policy_updated`), and sessions get a
+:class:`SessionServedPolicy`, which decides as the local one does from the server's logits but
+follows the server's version from decision to decision (see its docstring; docs/serving.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,14 +45,18 @@ from numpy.typing import NDArray
 from orchestrator_svc.policy import PolicyStep, RulePolicy, SchedulingPolicy
 from podium.envs.swarm import baselines
 from podium.envs.swarm.simulator.env import EnvConfig, SwarmEnv
-from podium.errors import ArtifactError
-from podium.policy.artifacts import LoadedWeights
+from podium.errors import ArtifactError, ProcessingError
+from podium.policy.artifacts import LoadedWeights, load_weights, path_from_uri
 from podium.policy.holder import PolicyHolder, Served
 from podium.policy.network import SwarmPolicyNet
-from podium.train.agent import SwarmAgent, guard_mask
+from podium.serving.contract import PolicyInputs, PolicyOutputs
+from podium.train.agent import ActResult, SwarmAgent, guard_mask
 from podium.train.episodes import Episode, episode_to_decisions
 from podium.train.policy import MODEL_NAME, build_swarm_policy
 from podium.v1 import reward_pb2, task_pb2, trajectory_pb2
+
+if TYPE_CHECKING:
+    from podium.serving.backends import PolicyBackend, ServedPolicy
 
 _log = logging.getLogger(__name__)
 
@@ -99,21 +113,34 @@ class SessionLearnedPolicy:
             self._agent = SwarmAgent(env.layout, net=policy.net)
         return self._agent
 
-    def act(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep:
+    def _observe(
+        self, env: SwarmEnv, obs: NDArray[np.float32]
+    ) -> tuple[SwarmAgent, NDArray[np.float32], NDArray[np.bool_], int]:
+        """(agent, observation batch [1, size], guarded mask batch [1, A], subtask count)."""
         agent = self._bind(env)
+        # The embedded trainer's guarded mask: never a start that loop detection would end on.
+        mask = guard_mask(env.state, env.action_masks(), env.codec)
+        # A writable float32 copy: the environment's observation is a read-only view.
+        return (
+            agent,
+            np.array(obs, dtype=np.float32)[None, :],
+            mask[None, :],
+            len(env.task.subtasks),
+        )
+
+    def act(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep:
+        agent, obs_b, mask_b, n = self._observe(env, obs)
+        res = agent.act(obs_b, mask_b, n, greedy=not self.sample, generator=self.generator)
+        return self._record(env, obs, mask_b[0], res)
+
+    def _record(
+        self, env: SwarmEnv, obs: NDArray[np.float32], mask: NDArray[np.bool_], res: ActResult
+    ) -> PolicyStep:
+        """Record one decision's training tensors; return it as a :class:`PolicyStep`."""
         layout = env.layout
         n = len(env.task.subtasks)
         S, F = layout.max_subtasks, layout.slot_features
         per_slot = len(layout.agents) * 3
-        # The embedded trainer's guarded mask: never a start that loop detection would end on.
-        mask = guard_mask(env.state, env.action_masks(), env.codec)
-        res = agent.act(
-            np.array(obs, dtype=np.float32)[None, :],
-            mask[None, :],
-            n,
-            greedy=not self.sample,
-            generator=self.generator,
-        )
         a = int(res.actions[0])
         # The same trimming as podium.train.rollout.run_episodes (padding slots carry nothing).
         rec = self._rec
@@ -144,9 +171,108 @@ class SessionLearnedPolicy:
             values=np.asarray(rec["values"], dtype=np.float32),
             rewards=np.array([d.env_reward for d in traj.decisions], dtype=np.float32),
             terminated=traj.completed or traj.loop_detected,
-            policy_version=self.served.version,
+            policy_version=self._trajectory_version(),
         )
         episode_to_decisions(episode, traj)
+
+    def _trajectory_version(self) -> int:
+        """The version the trajectory is attributed to: the pinned one."""
+        return self.served.version
+
+
+class SessionServedPolicy(SessionLearnedPolicy):
+    """A session's learned policy whose network runs on a KServe-V2 server.
+
+    The same featurisation (:meth:`SwarmAgent.inputs` on the guarded mask), the same choice
+    from the logits (:meth:`SwarmAgent.select`, with the session's seeded generator) and the
+    same recording as :class:`SessionLearnedPolicy`; only the forward pass is a
+    ``ModelInfer`` call through :class:`~podium.serving.backends.ServedPolicy`. Given the same
+    weights and seed it therefore takes the same actions as local torch (the served logits
+    match within 1e-4).
+
+    The server serves one version of the model (the newest loaded), so unlike the local
+    backend a swap reaches sessions in flight at their next decision. Each decision carries the
+    version the server reports having computed it with; the trajectory carries the *oldest*
+    version that decided in it (its staleness for the learner's η bound; each decision's
+    log-probability is the acting version's own) and, when several did, the label
+    ``policy_versions``.
+    """
+
+    def __init__(
+        self,
+        served: Served[SwarmPolicy],
+        backend: PolicyBackend,
+        *,
+        sample: bool,
+        seed: int,
+        retries: int = 2,
+    ) -> None:
+        super().__init__(served, sample=sample, seed=seed)
+        self.backend = backend
+        self.retries = retries
+        """Extra attempts after a retriable failure (server briefly unavailable)."""
+        self.versions: list[int] = []
+        """Version that computed each decision, in order."""
+
+    def _forward(self, inputs: PolicyInputs) -> PolicyOutputs:
+        """One decision on the server; retriable failures are retried with a short backoff."""
+        for attempt in range(self.retries + 1):
+            try:
+                return self.backend.decide(inputs)
+            except ProcessingError as exc:
+                if not exc.retriable or attempt == self.retries:
+                    raise
+                _log.warning("policy server: %s; retrying", exc)
+                time.sleep(0.05 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _inputs(
+        self, agent: SwarmAgent, obs: NDArray[np.float32], mask: NDArray[np.bool_], n: int
+    ) -> PolicyInputs:
+        # Exactly the tensors local torch would get (SwarmAgent.inputs), as numpy arrays.
+        features, present, globals_, trimmed = (t.numpy() for t in agent.inputs(obs, mask, n))
+        return PolicyInputs(features, present, globals_, trimmed)
+
+    def _choose(self, agent: SwarmAgent, out: PolicyOutputs, n: int) -> ActResult:
+        if not out.version.isdigit():
+            raise ProcessingError(
+                f"policy server answered with model version {out.version!r}, not a number"
+            )
+        version = int(out.version)
+        self.versions.append(version)
+        self.version = out.version  # stamped on the decision being made
+        return agent.select(
+            # Copies: the client's arrays are read-only views of the response buffer.
+            torch.tensor(out.logits),
+            torch.tensor(out.value),
+            n,
+            greedy=not self.sample,
+            generator=self.generator,
+        )
+
+    def act(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep:
+        agent, obs_b, mask_b, n = self._observe(env, obs)
+        out = self._forward(self._inputs(agent, obs_b, mask_b, n))
+        return self._record(env, obs, mask_b[0], self._choose(agent, out, n))
+
+    async def act_async(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep:
+        # The environment is read on the event loop; only the network call runs in a thread.
+        agent, obs_b, mask_b, n = self._observe(env, obs)
+        out = await asyncio.to_thread(self._forward, self._inputs(agent, obs_b, mask_b, n))
+        return self._record(env, obs, mask_b[0], self._choose(agent, out, n))
+
+    def _trajectory_version(self) -> int:
+        """The oldest version that decided in the session (see the class docstring)."""
+        return min(self.versions) if self.versions else self.served.version
+
+    def write_training_tensors(self, traj: trajectory_pb2.Trajectory) -> None:
+        if self.versions:
+            traj.policy_version = str(min(self.versions))
+            if len(set(self.versions)) > 1:
+                traj.labels["policy_versions"] = ",".join(
+                    str(v) for v in sorted(set(self.versions))
+                )
+        super().write_training_tensors(traj)
 
 
 class LearnedPolicySource:
@@ -158,10 +284,14 @@ class LearnedPolicySource:
         *,
         default_max_subtasks: int = 64,
         sample_prefixes: tuple[str, ...] = ("trainer",),
+        backend: ServedPolicy | None = None,
     ) -> None:
+        """``backend`` None: decisions run in this process (torch); else on that server."""
         self.agents = agents
         self.default_max_subtasks = default_max_subtasks
         self.sample_prefixes = sample_prefixes
+        self.backend = backend
+        """The served backend (``PODIUM_POLICY_BACKEND=v2://...``), None for local torch."""
         self.cold_start: SchedulingPolicy = RulePolicy(baselines.make_policy(COLD_START_RULE))
         self.holder: PolicyHolder[SwarmPolicy] = PolicyHolder(self._build)
 
@@ -195,6 +325,10 @@ class LearnedPolicySource:
             return self.cold_start
         # Seeded sessions sample reproducibly; unseeded ones get fresh randomness.
         seed = int(submitted.seed) or random.SystemRandom().getrandbits(63)
+        if self.backend is not None:
+            return SessionServedPolicy(
+                self.holder.current(), self.backend, sample=self.samples(submitted), seed=seed
+            )
         return SessionLearnedPolicy(
             self.holder.current(), sample=self.samples(submitted), seed=seed
         )
@@ -203,6 +337,8 @@ class LearnedPolicySource:
         """Load an announced version (other models' events are ignored: False)."""
         if event.model_name != MODEL_NAME:
             return False
+        if self.backend is not None:
+            return await self._go_live_served(event, self.backend)
         if await self.holder.on_policy_updated(event):
             _log.info("serving %s v%d (%s)", MODEL_NAME, event.version, event.uri)
             return True
@@ -210,3 +346,47 @@ class LearnedPolicySource:
             return False  # a late or duplicate announcement: nothing to do
         _log.error("rejected %s v%d: %s", MODEL_NAME, event.version, self.holder.last_error)
         return False
+
+    async def _go_live_served(self, event: reward_pb2.PolicyUpdated, backend: ServedPolicy) -> bool:
+        """Served backend: make ``event``'s version live on the server, then for new sessions.
+
+        Everything that can reject the version happens before anything changes: the weights
+        file is verified and its metadata checked (agents, S: the featurisation sessions use),
+        the ONNX file is checked against the announced ``onnx_sha256``, and the server loads it
+        through the repository API (a load that fails leaves the previous version serving).
+        Only then do new sessions get the new snapshot. A retriable server error (unavailable,
+        deadline) is raised, so the consumer retries the event; a rejected version is logged,
+        kept in ``holder.last_error``, and the event consumed.
+        """
+        version = int(event.version)
+        current = self.holder.version
+        if current is not None and version <= current:
+            return False  # a late or duplicate announcement: nothing to do
+        try:
+            if not event.onnx_uri or not event.onnx_sha256:
+                raise ArtifactError(
+                    f"{MODEL_NAME} v{version} was announced without an ONNX export (onnx_uri / "
+                    "onnx_sha256 empty), which a served backend needs; set "
+                    "PODIUM_MODEL_REPOSITORY for the learner"
+                )
+            weights = await asyncio.to_thread(
+                load_weights, path_from_uri(event.uri), event.sha256 or None
+            )
+            try:
+                policy = self._build(weights)
+            except ArtifactError:
+                raise
+            except Exception as exc:  # as PolicyHolder.load: a bad file, not a crash
+                raise ArtifactError(
+                    f"{weights.path}: v{version} could not be built: {exc}"
+                ) from exc
+            live = await asyncio.to_thread(backend.on_policy_updated, event)
+        except ArtifactError as exc:
+            if exc.retriable:
+                raise
+            self.holder.last_error = exc
+            _log.error("rejected %s v%d: %s", MODEL_NAME, version, exc)
+            return False
+        self.holder.publish(Served(version, policy, weights.sha256, str(weights.path)))
+        _log.info("serving %s v%s on %s (%s)", MODEL_NAME, live, backend.url, event.onnx_uri)
+        return True

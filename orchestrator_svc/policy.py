@@ -70,6 +70,21 @@ class TrainingPolicy(Protocol):
         ...
 
 
+@runtime_checkable
+class RemotePolicy(Protocol):
+    """A policy whose decisions are computed elsewhere (a KServe-V2 server): the session awaits
+    :meth:`act_async`, so one session's network round trip never blocks the others."""
+
+    name: str
+    version: str
+
+    def act(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep: ...
+
+    async def act_async(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep:
+        """:meth:`act` with the remote call off the event loop."""
+        ...
+
+
 class RulePolicy:
     """A rule engine of :mod:`podium.envs.swarm.baselines` as a :class:`SchedulingPolicy`."""
 

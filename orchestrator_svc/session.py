@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 import numpy as np
 from opentelemetry import trace
 
-from orchestrator_svc.policy import SchedulingPolicy, TrainingPolicy
+from orchestrator_svc.policy import RemotePolicy, SchedulingPolicy, TrainingPolicy
 from podium import topics
 from podium.bus.consumer import EventPublisher
 from podium.envs.swarm.pool import SubagentPool
@@ -310,7 +310,11 @@ class Session:
 
     async def _decide(self, obs: np.ndarray) -> tuple[np.ndarray, bool, bool]:  # type: ignore[type-arg]
         env, state = self.env, self.sim.state
-        step = self.policy.act(env, obs)
+        step = (
+            await self.policy.act_async(env, obs)
+            if isinstance(self.policy, RemotePolicy)
+            else self.policy.act(env, obs)
+        )
         mask = env.action_masks()
         summary = trajectory_pb2.ObservationSummary(clock=state.clock, **state.summary())
         kind, slot, agent, k = env.codec.decode(step.action)

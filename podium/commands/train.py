@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -73,6 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     parser.add_argument(
+        "--model-repository",
+        type=Path,
+        default=None,
+        help="embedded bus: also export every published version to ONNX into this Triton model "
+        "repository (<DIR>/swarm_policy/<version>/model.onnx; default: weights only)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="a 1-2 minute smoke run (tiny suite, few iterations)"
     )
 
@@ -81,7 +89,9 @@ def config_from_args(args: argparse.Namespace) -> object:
     """The :class:`TrainConfig` the options describe."""
     from podium.train.pipeline import TrainConfig
 
-    cfg = TrainConfig(run_dir=args.run_dir, bus=args.bus, seed=args.seed)
+    cfg = TrainConfig(
+        run_dir=args.run_dir, bus=args.bus, seed=args.seed, model_repository=args.model_repository
+    )
     if args.quick:
         cfg = replace(
             cfg,
@@ -168,6 +178,13 @@ def run_distributed(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """Train, showing live progress on stderr, then print the held-out table."""
     if args.bus.startswith("kafka://"):
+        if args.model_repository is not None:
+            print(
+                "error: --model-repository applies to the embedded bus; with kafka:// set "
+                "PODIUM_MODEL_REPOSITORY for learner_svc",
+                file=sys.stderr,
+            )
+            return 2
         return run_distributed(args)
     from podium.train.pipeline import TrainConfig, train
 

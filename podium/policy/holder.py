@@ -96,11 +96,20 @@ class PolicyHolder(Generic[P]):
             err = ArtifactError(f"{path}: version {version} could not be built: {exc}")
             self.last_error = err
             raise err from exc
-        new = Served(version=version, policy=policy, sha256=weights.sha256, source=str(path))
+        return self.publish(Served(version, policy, weights.sha256, str(path)))
+
+    def publish(self, new: Served[P]) -> Served[P]:
+        """Serve an already built snapshot if it is newer than the serving one; return the
+        snapshot now serving.
+
+        For callers that must do more than :meth:`load` between building a version and
+        serving it (the orchestrator's served backend first has the server load the version's
+        ONNX export); the same no-rollback rule applies.
+        """
         with self._swap_lock:
             # Re-check under the lock: two concurrent loads must not let an older one win.
             current = self._served
-            if current is not None and version <= current.version:
+            if current is not None and new.version <= current.version:
                 return current
             self._served = new
         self.last_error = None

@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -43,14 +44,10 @@ from podium.serving.contract import (
     PolicyOutputs,
     PolicySignature,
 )
+from podium.serving.endpoint import LOCAL, V2_SCHEME, parse_backend
 
 if TYPE_CHECKING:
     from podium.v1.reward_pb2 import PolicyUpdated
-
-LOCAL = "local"
-"""Backend spec of the in-process torch policy."""
-V2_SCHEME = "v2://"
-"""Prefix of a KServe-V2 gRPC server address in a backend spec."""
 
 
 class PolicyBackend(Protocol):
@@ -109,11 +106,52 @@ class LocalPolicy:
         """Nothing to release."""
 
 
+def verify_onnx_export(event: PolicyUpdated) -> Path:
+    """Check the ONNX file a ``PolicyUpdated`` event announces; return its path.
+
+    The server checks each version against its ``model.onnx.sha256`` sidecar, but the sidecar
+    is written beside the file and would be rewritten with it; the event's ``onnx_sha256`` is
+    the learner's own statement of what it exported, so the orchestrator compares the file
+    with it before asking the server to load anything. The file must be readable here (the
+    orchestrator mounts the model repository at the path the learner wrote, read-only) and sit
+    in ``<repository>/<model_name>/<version>/``, the directory the server will load the
+    version from. Any mismatch is an :class:`ArtifactError` naming the file.
+    """
+    from podium.policy.artifacts import path_from_uri, sha256_file
+
+    if not event.onnx_uri:
+        raise ArtifactError(
+            f"{event.model_name} v{event.version}: PolicyUpdated has onnx_sha256 but no onnx_uri"
+        )
+    path = path_from_uri(event.onnx_uri)
+    if path.parent.name != str(event.version) or path.parent.parent.name != event.model_name:
+        raise ArtifactError(
+            f"{path}: announced as {event.model_name} version {event.version}, but a server "
+            f"loads that version from <repository>/{event.model_name}/{event.version}/"
+        )
+    if not path.is_file():
+        raise ArtifactError(
+            f"{path}: announced ONNX export of {event.model_name} v{event.version} is not "
+            "readable here; mount the model repository where the learner writes it"
+        )
+    actual = sha256_file(path)
+    if actual != event.onnx_sha256.lower():
+        raise ArtifactError(
+            f"{path}: sha256 mismatch, announced {event.onnx_sha256}, file has {actual} "
+            "(corrupt or tampered with; not loading it)"
+        )
+    return path
+
+
 def _grpc_error(exc: Exception) -> tuple[str, str]:
-    """(status, message) of a tritonclient InferenceServerException."""
+    """(status, message) of a tritonclient InferenceServerException.
+
+    tritonclient reports gRPC codes as ``"StatusCode.UNAVAILABLE"``; the prefix is dropped so
+    the code compares with :data:`_RETRIABLE`.
+    """
     status = getattr(exc, "status", lambda: None)()
     message = getattr(exc, "message", lambda: str(exc))()
-    return str(status or ""), str(message or exc)
+    return str(status or "").removeprefix("StatusCode."), str(message or exc)
 
 
 _RETRIABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
@@ -230,10 +268,14 @@ class ServedPolicy:
         """Make the version announced by a ``PolicyUpdated`` event go live; return it.
 
         Events for other models are ignored (returns the empty string): one topic carries every
-        model's updates.
+        model's updates. An event that carries ``onnx_sha256`` is checked first
+        (:func:`verify_onnx_export`): a file that does not hash to what the learner announced
+        is never offered to the server, and the version serving now keeps serving.
         """
         if event.model_name != self.model_name:
             return ""
+        if event.onnx_sha256:
+            verify_onnx_export(event)
         return self.load(int(event.version))
 
     # -- inference ---------------------------------------------------------------------------
@@ -294,22 +336,6 @@ class ServingConfig:
             raise ConfigError("PODIUM_SERVING_TIMEOUT_S and ..._READY_TIMEOUT_S must be > 0")
 
 
-def parse_backend(spec: str) -> str | None:
-    """``"local"`` -> None; ``"v2://host:port"`` -> ``"host:port"``; else :class:`ConfigError`."""
-    text = spec.strip()
-    if text == LOCAL:
-        return None
-    if text.startswith(V2_SCHEME):
-        address = text[len(V2_SCHEME) :].rstrip("/")
-        host, sep, port = address.rpartition(":")
-        if sep and host and port.isdigit() and 0 < int(port) < 65536:
-            return address
-    raise ConfigError(
-        f"PODIUM_POLICY_BACKEND={spec!r} is invalid: expected 'local' or 'v2://HOST:PORT' "
-        "(a KServe-V2 gRPC endpoint, e.g. v2://127.0.0.1:8001)"
-    )
-
-
 def make_policy_backend(
     config: ServingConfig,
     signature: PolicySignature,
@@ -342,10 +368,12 @@ def make_policy_backend(
 __all__ = [
     "INPUT_NAMES",
     "LOCAL",
+    "V2_SCHEME",
     "LocalPolicy",
     "PolicyBackend",
     "ServedPolicy",
     "ServingConfig",
     "make_policy_backend",
     "parse_backend",
+    "verify_onnx_export",
 ]

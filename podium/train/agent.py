@@ -120,6 +120,25 @@ class SwarmAgent:
     ) -> ActResult:
         """Sample (or take the argmax of) the masked policy for each row of the batch."""
         logits, values = self.net(*self.inputs(obs, masks, used_slots))
+        return self.select(logits, values, used_slots, greedy=greedy, generator=generator)
+
+    @torch.no_grad()
+    def select(
+        self,
+        logits: Tensor,
+        values: Tensor,
+        used_slots: int,
+        *,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> ActResult:
+        """Choose actions from the network's outputs ``logits [B, A']``, ``values [B]`` on
+        :meth:`inputs` of ``used_slots`` slots, wherever they were computed.
+
+        :meth:`act` runs the network in this process; the orchestrator's served backend gets
+        the same outputs from a KServe-V2 server and chooses with this same function, so both
+        sample identically from identical logits (same generator, same draws).
+        """
         log_p = torch.log_softmax(logits, dim=-1)
         if greedy:
             a = log_p.argmax(dim=-1)

@@ -53,7 +53,13 @@ from podium.policy.network import SwarmPolicyNet
 from podium.train.agent import SwarmAgent
 from podium.train.episodes import Episode, episode_from_trajectory
 from podium.train.learn import SwarmPPOConfig, behaviour_cloning, ppo_update
-from podium.train.policy import MODEL_NAME, build_swarm_policy, save_policy
+from podium.train.policy import (
+    MODEL_NAME,
+    build_swarm_policy,
+    export_swarm_policy,
+    save_policy,
+    swarm_policy_updated,
+)
 from podium.train.rollout import Job, run_episodes
 from podium.v1 import envelope_pb2, reward_pb2, trajectory_pb2
 
@@ -101,11 +107,16 @@ class TrainConfig:
     """How long the learner waits for reward_svc to score a batch before failing."""
     ppo: SwarmPPOConfig = field(default_factory=SwarmPPOConfig)
     """PPO and behaviour-cloning hyperparameters."""
+    model_repository: Path | None = None
+    """Triton model repository to export every published version >= 1 into as ONNX
+    (``<repo>/swarm_policy/<version>/model.onnx``, announced as ``onnx_uri`` /
+    ``onnx_sha256``); None = weights only."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain values for the run's config.json."""
         d = asdict(self)
         d["run_dir"] = str(self.run_dir)
+        d["model_repository"] = str(self.model_repository) if self.model_repository else None
         return d
 
 
@@ -273,13 +284,13 @@ async def train(config: TrainConfig, progress: Progress | None = None) -> TrainR
 
         async def publish_version(version: int, metrics: dict[str, float]) -> ArtifactRef:
             ref = save_policy(learner.net, ckpt_root, version, agents)
-            event = reward_pb2.PolicyUpdated(
-                model_name=MODEL_NAME,
-                version=version,
-                uri=ref.uri,
-                sha256=ref.sha256,
-                metrics=metrics,
+            exported = (
+                # Version 0 (the untrained network) has none: Triton versions start at 1.
+                export_swarm_policy(learner.net, config.model_repository, version)
+                if config.model_repository is not None and version >= 1
+                else None
             )
+            event = swarm_policy_updated(ref, exported, metrics)
             await publisher.publish(topics.POLICY_UPDATES, event, key=MODEL_NAME)
             while True:  # the actor acts on this version before anything else happens
                 got = await asyncio.wait_for(updates.get(), timeout=config.reward_timeout_s)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,6 +21,11 @@ from podium.errors import ArtifactError
 from podium.policy.artifacts import ArtifactRef, LoadedWeights, load_weights, publish_weights
 from podium.policy.network import NetworkConfig, SwarmPolicyNet
 from podium.train.agent import SwarmAgent, guard_mask
+
+if TYPE_CHECKING:
+    from podium.serving.contract import PolicySignature
+    from podium.serving.export import ExportedModel
+    from podium.v1.reward_pb2 import PolicyUpdated
 
 MODEL_NAME = "swarm_policy"
 """Model name of the orchestrator policy in artifact roots and the Triton repository."""
@@ -37,6 +42,87 @@ def save_policy(
         **extra,
     }
     return publish_weights(net.state_dict(), root, MODEL_NAME, version, metadata=meta)
+
+
+def serving_signature(net: SwarmPolicyNet) -> PolicySignature:
+    """The serving signature of ``net`` (:mod:`podium.serving.contract`): its token and global
+    widths, and 3 split choices per agent per subtask (the environment's action layout)."""
+    from podium.serving.contract import PolicySignature
+
+    cfg = net.config
+    return PolicySignature(
+        subtask_features=cfg.slot_features,
+        global_features=cfg.global_features,
+        actions_per_subtask=cfg.num_agents * 3,
+    )
+
+
+def export_swarm_policy(net: SwarmPolicyNet, repository: str | Path, version: int) -> ExportedModel:
+    """Export ``net`` as ``<repository>/swarm_policy/<version>/model.onnx`` (Triton layout).
+
+    Idempotent for the same weights, as :func:`save_policy` is: a learner that crashed after
+    exporting re-publishes the version it restored, so an existing file is accepted when its
+    sidecar hash matches its bytes and onnxruntime on it agrees with ``net`` within the export
+    tolerance; any other existing file is an :class:`ArtifactError` (versions are immutable).
+    Versions start at 1 (Triton's rule), so version 0, the learner's starting weights, has no
+    export. Imports onnx and onnxruntime only when called.
+    """
+    from podium.policy.artifacts import read_sidecar_hash, sha256_file
+    from podium.serving.contract import random_inputs
+    from podium.serving.export import (
+        EXPORT_TOLERANCE,
+        MODEL_FILE,
+        ExportedModel,
+        export_policy,
+        onnx_session,
+        torch_forward,
+    )
+
+    signature = serving_signature(net)
+    path = Path(repository).resolve() / MODEL_NAME / str(version) / MODEL_FILE
+    if not path.exists():
+        return export_policy(net, signature, repository, MODEL_NAME, version)
+    digest = sha256_file(path)
+    if read_sidecar_hash(path) != digest:
+        raise ArtifactError(f"{path}: bytes do not match {path.name}.sha256 (corrupt export)")
+    check = random_inputs(signature, batch=3, n_subtasks=5, rng=np.random.default_rng(version))
+    got = onnx_session(path).run(None, check.arrays())
+    was_training = net.training
+    net.eval()
+    try:
+        want = torch_forward(net, check)
+    finally:
+        net.train(was_training)
+    error = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want, strict=True))
+    if not error <= EXPORT_TOLERANCE:
+        raise ArtifactError(
+            f"{path} already exists with other weights (|difference| {error:.3g}); versions "
+            "are immutable, publish a new version number"
+        )
+    return ExportedModel(path=path, version=version, sha256=digest, max_abs_error=error)
+
+
+def swarm_policy_updated(
+    ref: ArtifactRef,
+    exported: ExportedModel | None = None,
+    metrics: dict[str, float] | None = None,
+) -> PolicyUpdated:
+    """The ``PolicyUpdated`` event of a published version: its weights (``uri``, ``sha256``)
+    and, when it was exported to the model repository, its ONNX file (``onnx_uri``,
+    ``onnx_sha256``), which served orchestrators verify and load."""
+    from podium.v1.reward_pb2 import PolicyUpdated
+
+    event = PolicyUpdated(
+        model_name=MODEL_NAME,
+        version=ref.version,
+        uri=ref.uri,
+        sha256=ref.sha256,
+        metrics=metrics or {},
+    )
+    if exported is not None:
+        event.onnx_uri = exported.path.as_uri()
+        event.onnx_sha256 = exported.sha256
+    return event
 
 
 def load_policy(

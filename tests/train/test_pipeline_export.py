@@ -1,0 +1,72 @@
+"""``podium train`` with a model repository (``--model-repository``): every published version
+>= 1 is exported to ONNX beside its weights, and computes what they compute."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from podium.policy.artifacts import load_weights
+from podium.serving.contract import random_inputs
+from podium.serving.export import onnx_session, torch_forward
+from podium.train.pipeline import TrainConfig, train
+from podium.train.policy import MODEL_NAME, build_swarm_policy, serving_signature
+
+
+async def test_embedded_trainer_exports_each_published_version(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    config = TrainConfig(
+        run_dir=tmp_path / "run",
+        suite_size=12,
+        sizes=(4, 8),
+        curriculum=(8,),
+        test_suite_size=2,
+        test_sizes=(4, 8),
+        bc_demos_per_task=1,
+        bc_epochs=1,
+        iterations=1,
+        episodes_per_iteration=4,
+        num_envs=4,
+        eval_every=1,
+        validation_seeds=1,
+        test_episodes=1,
+        model_repository=repository,
+    )
+    await train(config)
+    weights_root = tmp_path / "run" / "checkpoints" / MODEL_NAME
+    published = sorted(int(d.name) for d in weights_root.iterdir() if d.name.isdigit())
+    exported = sorted(int(d.name) for d in (repository / MODEL_NAME).iterdir() if d.is_dir())
+    # 0 = the untrained network (never exported: Triton versions start at 1), 1 = behaviour
+    # cloning, 2 = the PPO iteration.
+    assert published == [0, 1, 2] and exported == [1, 2]
+    for version in exported:
+        net, _ = build_swarm_policy(
+            load_weights(weights_root / str(version) / "weights.safetensors")
+        )
+        inputs = random_inputs(serving_signature(net), 3, 6, np.random.default_rng(version))
+        got = onnx_session(repository / MODEL_NAME / str(version) / "model.onnx").run(
+            None, inputs.arrays()
+        )
+        for g, w in zip(got, torch_forward(net, inputs), strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-4, rtol=0)
+
+
+def test_cli_option_reaches_the_config_and_is_refused_with_kafka(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from podium.cli import main
+    from podium.commands.train import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--quick", "--model-repository", str(tmp_path)])
+    cfg = config_from_args(args)
+    assert isinstance(cfg, TrainConfig) and cfg.model_repository == tmp_path
+    assert config_from_args(parser.parse_args([])).model_repository is None  # type: ignore[attr-defined]
+    # With kafka:// the learner is its own process: the option would be silently ignored.
+    code = main(["train", "--bus", "kafka://127.0.0.1:9", "--model-repository", str(tmp_path)])
+    assert code == 2
+    assert "PODIUM_MODEL_REPOSITORY" in capsys.readouterr().err
