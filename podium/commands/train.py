@@ -100,6 +100,8 @@ def config_from_args(args: argparse.Namespace) -> object:
             curriculum=(12, 20),
             bc_demos_per_task=1,
             bc_epochs=2,
+            dagger_rounds=1,
+            dagger_epochs=1,
             iterations=4,
             episodes_per_iteration=32,
             num_envs=16,

@@ -48,6 +48,9 @@ class Episode:
     """The environment's final info (latency, lower_bound, completed, ...)."""
     policy_version: int = 0
     """Version of the policy that acted."""
+    teacher: NDArray[np.int64] | None = None
+    """What a rule engine would have done in each visited state (trimmed layout), when the
+    episode was labelled for DAgger; behaviour cloning trains on these instead of ``actions``."""
 
     @property
     def length(self) -> int:

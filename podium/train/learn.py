@@ -67,9 +67,16 @@ class Batch:
 
 
 def collate(
-    episodes: Sequence[Episode], index: NDArray[np.int64], num_agents: int
+    episodes: Sequence[Episode],
+    index: NDArray[np.int64],
+    num_agents: int,
+    *,
+    use_teacher: bool = False,
 ) -> tuple[Batch, int]:
-    """Gather decisions ``index`` (rows of ``[episode, t]``) into one padded batch."""
+    """Gather decisions ``index`` (rows of ``[episode, t]``) into one padded batch.
+
+    ``use_teacher`` takes the DAgger label as the action where an episode has one.
+    """
     per_slot = num_agents * 3
     ns = [episodes[e].n for e, _ in index]
     n_max = max(ns)
@@ -89,6 +96,8 @@ def collate(
         masks[i, : n * per_slot] = m[: n * per_slot]
         masks[i, -2:] = m[-2:]
         a = int(ep.actions[t])
+        if use_teacher and ep.teacher is not None and ep.masks[t, ep.teacher[t]]:
+            a = int(ep.teacher[t])
         actions[i] = a if a < n * per_slot else n_max * per_slot + (a - n * per_slot)
     return (
         Batch(
@@ -140,7 +149,7 @@ def behaviour_cloning(
         batches = 0
         for start in range(0, len(perm), config.minibatch_size):
             idx = steps[perm[start : start + config.minibatch_size]]
-            b, _ = collate(demos, idx, agent.num_agents)
+            b, _ = collate(demos, idx, agent.num_agents, use_teacher=True)
             logits, values = agent.net(b.slots, b.present, b.globals_, b.masks)
             target_v = torch.from_numpy(np.array([returns[e][t] for e, t in idx], dtype=np.float32))
             ce = torch.nn.functional.cross_entropy(logits, b.actions)

@@ -77,20 +77,24 @@ class TrainConfig:
     """Seed of the task suite, the sessions and torch."""
     suite_size: int = 400
     """Tasks generated for training + validation (shapes: chain, fan-out, diamond, layered)."""
-    sizes: tuple[int, int] = (5, 40)
-    """Subtask counts of generated training tasks."""
+    sizes: tuple[int, int] = (5, 60)
+    """Subtask counts of generated training tasks (the shipped generator's range)."""
     test_suite_size: int = 60
     """Held-out test tasks generated with another seed, sizes ``test_sizes``."""
     test_sizes: tuple[int, int] = (5, 60)
     """Subtask counts of the held-out test tasks (the shipped generator's range)."""
     validation_fraction: float = 0.15
     """Share of the training suite used to choose the best version (never trained on)."""
-    curriculum: tuple[int, ...] = (15, 25, 40)
+    curriculum: tuple[int, ...] = (20, 40, 60)
     """Largest task size of each curriculum stage; stages split the iterations evenly."""
-    bc_demos_per_task: int = 2
-    """cpls sessions per training task for behaviour cloning."""
-    bc_epochs: int = 6
+    bc_demos_per_task: int = 1
+    """cpls sessions per training task for behaviour cloning (DAgger adds the rest)."""
+    bc_epochs: int = 4
     """Behaviour-cloning passes over the demonstrations."""
+    dagger_rounds: int = 2
+    """DAgger rounds after cloning: the policy drives on every training task, cpls labels."""
+    dagger_epochs: int = 2
+    """Behaviour-cloning passes over all data after each DAgger round."""
     iterations: int = 60
     """PPO iterations (one policy version each)."""
     episodes_per_iteration: int = 96
@@ -313,6 +317,34 @@ async def train(config: TrainConfig, progress: Progress | None = None) -> TrainR
         cpls_val, _ = run_episodes(envs, val_jobs, rule="cpls")
         cpls_val_ratio = _ratio(cpls_val)
         bc_history = behaviour_cloning(learner, demos, config.ppo, rng, epochs=config.bc_epochs)
+        # DAgger: the cloned policy drives, cpls labels the states it reaches, and the policy is
+        # cloned again on everything so far — closing the gap plain cloning leaves where the
+        # learner's own small mistakes take it off the teacher's path.
+        data = list(demos)
+        for rnd in range(config.dagger_rounds):
+            dagger_jobs = [Job(t, int(rng.integers(1 << 31))) for t in train_tasks]
+            labelled, _ = run_episodes(
+                envs,
+                dagger_jobs,
+                agent=learner,
+                greedy=rnd % 2 == 0,
+                teacher="cpls",
+                generator=actor.generator,
+            )
+            agreement = float(
+                np.mean(
+                    np.concatenate(
+                        [e.actions == e.teacher for e in labelled if e.teacher is not None]
+                    )
+                )
+            )
+            data += labelled
+            more = behaviour_cloning(learner, data, config.ppo, rng, epochs=config.dagger_epochs)
+            for h in more:
+                h["epoch"] += len(bc_history)
+                h["dagger_agreement"] = agreement
+            bc_history += more
+            say("bc", {"accuracy": more[-1]["bc_accuracy"], "cpls_val": cpls_val_ratio})
         for h in bc_history:
             writer.add_scalar("bc/loss", h["bc_loss"], int(h["epoch"]))
             writer.add_scalar("bc/accuracy", h["bc_accuracy"], int(h["epoch"]))

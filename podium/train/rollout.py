@@ -30,9 +30,8 @@ class Job:
 
 
 def _new_episode(n: int) -> dict[str, list[object]]:
-    return {
-        k: [] for k in ("slots", "globals", "masks", "actions", "log_probs", "values", "rewards")
-    }
+    keys = ("slots", "globals", "masks", "actions", "log_probs", "values", "rewards", "teacher")
+    return {k: [] for k in keys}
 
 
 def run_episodes(
@@ -46,6 +45,7 @@ def run_episodes(
     policy_version: int = 0,
     with_trajectories: bool = False,
     on_episode: Callable[[Episode], None] | None = None,
+    teacher: str | None = None,
 ) -> tuple[list[Episode], list[trajectory_pb2.Trajectory]]:
     """Run every job to its end on ``envs`` (len(envs) sessions at a time).
 
@@ -53,10 +53,16 @@ def run_episodes(
     ``rule`` (a rule engine name: its actions are recorded with log-prob 0) decides. Returns
     the episodes in job order and, if ``with_trajectories``, their ``Trajectory`` messages
     with the training tensors in each decision.
+
+    ``teacher`` (a rule engine name) labels every state the acting policy visits with what the
+    rule engine would do there (DAgger, Ross et al. 2011): cloning those labels corrects the
+    states the learner itself drifts into, which plain cloning of the teacher's own sessions
+    never shows it.
     """
     if (agent is None) == (rule is None):
         raise ValueError("pass exactly one of agent= and rule=")
     engine = make_policy(rule) if rule is not None else None
+    labeller = make_policy(teacher) if teacher is not None else None
     layout = envs[0].layout
     F, S = layout.slot_features, layout.max_subtasks
     A = len(layout.agents)
@@ -100,6 +106,9 @@ def run_episodes(
             rec["masks"].append(np.concatenate([m[: n * per_slot], m[-2:]]))
             a = int(actions[i])
             rec["actions"].append(a if a < S * per_slot else n * per_slot + (a - S * per_slot))
+            if labeller is not None:
+                t = int(labeller.act(envs[e]))
+                rec["teacher"].append(t if t < S * per_slot else n * per_slot + (t - S * per_slot))
             rec["log_probs"].append(float(lps[i]))
             rec["values"].append(float(vals[i]))
             o2, r, term, trunc, info = envs[e].step(a)
@@ -119,6 +128,7 @@ def run_episodes(
                 terminated=bool(term),
                 info=dict(info),
                 policy_version=policy_version,
+                teacher=np.asarray(rec["teacher"], dtype=np.int64) if labeller else None,
             )
             episodes[j] = ep
             if with_trajectories:

@@ -130,6 +130,13 @@ def test_behaviour_cloning_imitates_cpls_and_ppo_updates_run(
     # The cloned policy, acting greedily, agrees with cpls on most of its own decisions.
     eps, _ = run_episodes(envs, jobs, agent=agent, greedy=True)
     assert np.mean([e.info["completed"] for e in eps]) == 1.0
+    # DAgger labels: in every state the policy visits, what cpls would do there (valid there).
+    labelled, _ = run_episodes(envs, jobs, agent=agent, greedy=True, teacher="cpls")
+    for ep in labelled:
+        assert ep.teacher is not None and ep.teacher.shape == ep.actions.shape
+        assert ep.masks[np.arange(ep.length), ep.teacher].all()
+    agreement = np.mean(np.concatenate([ep.actions == ep.teacher for ep in labelled]))
+    assert agreement > 0.8, agreement
     before = [p.detach().clone() for p in agent.net.parameters()]
     opt = torch.optim.Adam(agent.net.parameters(), lr=3e-4)
     samples, _ = run_episodes(envs, jobs, agent=agent)
