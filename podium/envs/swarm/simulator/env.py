@@ -261,7 +261,17 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
     def _precompute(self, task: TaskSpec) -> _TaskStatic:
         bound = lower_bound(task, self.pool)
         best = [self.pool.best_split_duration(s)[0] for s in task.subtasks]
-        ranks = upward_ranks(task, best)
+        # Upward rank on the least expected time to *success* (retries included), the priority
+        # the cpls rule engine schedules by: the policy sees the critical path as it really is
+        # with unreliable agents, and cloning cpls needs no guess about its ordering.
+        ets = [
+            min(
+                self.pool.expected_time_to_success(a, s.kind, s.work)
+                for a in range(self.pool.num_agents)
+            )
+            for s in task.subtasks
+        ]
+        ranks = upward_ranks(task, ets)
         A = self.pool.num_agents
         can = np.zeros((len(task.subtasks), A, 3), dtype=bool)
         for i, s in enumerate(task.subtasks):
