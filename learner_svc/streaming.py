@@ -436,7 +436,10 @@ class StreamingLearner:
     ) -> LearnerState:
         """Consume until ``until_trained`` trajectories are in the weights, or ``stop`` is set.
 
-        Returns the state as of the last checkpoint.
+        Returns the state as of the last checkpoint. The step that reaches ``until_trained``
+        ends the run at once: records fetched with it but not yet handled are left alone
+        (uncommitted, so the next run gets them), because accounting for them here would
+        change counters and offsets that no checkpoint records.
         """
         cfg = self.config
         sub = self.bus.subscriber([cfg.topic], cfg.group_id, client_id=f"learner-{cfg.model_name}")
@@ -447,9 +450,7 @@ class StreamingLearner:
             pending: list[Episode] = []
             handled: list[Record] = []
             idle_since = time.monotonic()
-            while not (stop is not None and stop.is_set()):
-                if until_trained is not None and self.state.trained >= until_trained:
-                    break
+            while not (stop is not None and stop.is_set()) and not self._reached(until_trained):
                 records = await sub.fetch(cfg.fetch_max, cfg.fetch_timeout_s)
                 if not records:
                     idle = time.monotonic() - idle_since
@@ -466,11 +467,17 @@ class StreamingLearner:
                     if len(pending) >= cfg.batch_trajectories:
                         await self._step(sub, pending, handled)
                         pending, handled = [], []
+                        if self._reached(until_trained):
+                            break  # the rest of this fetch is the next run's (see docstring)
             return self.state
         finally:
             await sub.stop()
             if self.writer is not None:
                 self.writer.close()
+
+    def _reached(self, until_trained: int | None) -> bool:
+        """Whether ``until_trained`` trajectories (None: no bound) are in the weights."""
+        return until_trained is not None and self.state.trained >= until_trained
 
     async def _accept(self, record: Record) -> Episode | None:
         """Account for one record; the episode to train on, or None (skipped/dropped/DLQ)."""

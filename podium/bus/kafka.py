@@ -338,10 +338,13 @@ class KafkaSubscriber(Subscriber):
         self._fetched: dict[tuple[str, int], int] = {}
         self._committed: dict[tuple[str, int], int] = {}
         self._commit_happened = asyncio.Event()
+        # Set by stop(): no commit can come any more, so a rebalance must not wait for one.
+        self._stopping = False
 
     async def start(self) -> None:
         if self._consumer is not None:
             return
+        self._stopping = False
         await self.bus.ensure_topics(self.topics)
         consumer = AIOKafkaConsumer(
             **self.config.client_kwargs(),
@@ -372,6 +375,12 @@ class KafkaSubscriber(Subscriber):
     async def stop(self) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
+            # aiokafka's stop waits for its group task, which may be inside a rebalance,
+            # i.e. in _on_revoked waiting for the batch in hand to commit. The caller stops
+            # after that batch was committed or abandoned, so nothing more will come: wake
+            # the wait now rather than sit out revoke_grace_s before leaving the group.
+            self._stopping = True
+            self._commit_happened.set()
             # With auto-commit off, aiokafka commits nothing here: uncommitted records are
             # redelivered to the next owner, which is the contract.
             await consumer.stop()
@@ -390,7 +399,7 @@ class KafkaSubscriber(Subscriber):
         tps = {(tp.topic, tp.partition) for tp in revoked}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.revoke_grace_s
-        while pending := self._pending(tps):
+        while not self._stopping and (pending := self._pending(tps)):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 _log.warning(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from podium import codec
-from podium.bus.base import Bus
+from podium.bus.base import Bus, RecordMetadata
 from podium.rl.networks import ActorCritic
 from podium.v1 import reward_pb2, trajectory_pb2
 
@@ -56,8 +56,11 @@ def scored_trajectory(
 
 async def publish_trajectories(
     bus: Bus, topic: str, ids: list[str], policy: ActorCritic, version: int, *, seed0: int = 0
-) -> None:
+) -> list[RecordMetadata]:
+    """Publish one scored trajectory per id (keyed by it); where each one landed, in order."""
+    landed = []
     for k, tid in enumerate(ids):
         msg = scored_trajectory(tid, policy, version, seed=seed0 + k)
         _, data = codec.encode_event(msg, producer="test", key=tid)
-        await bus.publish(topic, data, key=tid)
+        landed.append(await bus.publish(topic, data, key=tid))
+    return landed

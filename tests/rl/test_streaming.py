@@ -113,6 +113,28 @@ async def test_killed_between_checkpoint_and_commit_trains_each_trajectory_once(
         assert load_weights(path_from_uri(e.uri), e.sha256).metadata["version"] == str(e.version)
 
 
+async def test_run_ends_at_the_step_that_reaches_until_trained(tmp_path: Path) -> None:
+    """Records fetched together with the last batch are left to the next run: the returned
+    state is the checkpoint's, nothing past it is committed, and nothing is lost."""
+    bus = InProcBus()
+    await bus.start()
+    await bus.create_topics([TopicSpec(TOPIC, partitions=1)])
+    ids = [f"t-{k:02d}" for k in range(12)]
+    await publish_trajectories(bus, TOPIC, ids, behaviour_policy(), version=0)
+    config = _config(tmp_path)  # one fetch brings all 12 (fetch_max 100)
+    state = await StreamingLearner(config, bus).run(until_trained=8)
+    ckpt = load_checkpoint(tmp_path / "ckpt")
+    assert ckpt is not None
+    assert state.offsets == ckpt.state.offsets == {TOPIC: {0: 8}}
+    assert state.trained == ckpt.state.trained == 8
+    assert bus.committed("learner", TOPIC) == {0: 8}
+
+    # The other 4 come back to the next run (a partial batch, trained after idle_flush_s).
+    state = await StreamingLearner(config, bus).run(until_trained=12)
+    assert sorted(state.ledger) == ids and state.skipped_redelivered == 0
+    assert bus.committed("learner", TOPIC) == {0: 12}
+
+
 async def test_stale_trajectories_are_dropped_not_trained(tmp_path: Path) -> None:
     bus = InProcBus()
     await bus.start()

@@ -1,5 +1,6 @@
 """A real learner process on a real Kafka broker, SIGKILLed between a checkpoint and its
-commit, then restarted: every scored trajectory is trained on exactly once (counts and ids).
+commit, then restarted: every scored trajectory is trained on exactly once (counts and ids),
+and the records the checkpoint held but the group never committed come back and are skipped.
 
 Needs ``$PODIUM_KAFKA_BOOTSTRAP`` (``eval "$(scripts/kafka.sh start)"``).
 """
@@ -29,11 +30,19 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 N_TRAJECTORIES = 48
+"""Published before the first run."""
 BATCH = 8
+PARTITIONS = 3
 
 
 def _learner(
-    bootstrap: str, topic: str, policy_topic: str, group: str, tmp: Path, *extra: str
+    bootstrap: str,
+    topic: str,
+    policy_topic: str,
+    group: str,
+    tmp: Path,
+    until_trained: int,
+    *extra: str,
 ) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable, "-m", "learner_svc.streaming",
@@ -41,7 +50,7 @@ def _learner(
         "--group", group, "--checkpoint-dir", str(tmp / "ckpt"),
         "--artifacts-dir", str(tmp / "artifacts"), "--obs-dim", str(OBS_DIM),
         "--n-actions", str(N_ACTIONS), "--batch", str(BATCH), "--max-policy-lag", "1000",
-        "--until-trained", str(N_TRAJECTORIES), *extra,
+        "--until-trained", str(until_trained), *extra,
     ]  # fmt: skip
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
@@ -77,21 +86,34 @@ async def _policy_events(bootstrap: str, topic: str) -> list[reward_pb2.PolicyUp
         await consumer.stop()
 
 
+async def _publish(bootstrap: str, topic: str, ids: list[str], *, seed0: int = 0) -> set[int]:
+    """Publish scored trajectories for ``ids``; the partitions they landed on."""
+    bus = KafkaBus(KafkaConfig(bootstrap, client_id="test-producer"))
+    await bus.start()
+    try:
+        landed = await publish_trajectories(
+            bus, topic, ids, behaviour_policy(), version=0, seed0=seed0
+        )
+        return {m.partition for m in landed}
+    finally:
+        await bus.stop()
+
+
 async def test_learner_killed_between_checkpoint_and_commit(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     run = uuid.uuid4().hex[:8]
     topic, policy_topic, group = f"test.scored.{run}", f"test.policy.{run}", f"learner-{run}"
-    bus = KafkaBus(KafkaConfig(kafka_bootstrap, client_id="test-producer"))
+    bus = KafkaBus(KafkaConfig(kafka_bootstrap, client_id="test-admin"))
     await bus.start()
     try:
         await bus.create_topics(
-            [TopicSpec(topic, partitions=3), TopicSpec(policy_topic, partitions=1)]
+            [TopicSpec(topic, partitions=PARTITIONS), TopicSpec(policy_topic, partitions=1)]
         )
-        ids = [f"traj-{run}-{k:03d}" for k in range(N_TRAJECTORIES)]
-        await publish_trajectories(bus, topic, ids, behaviour_policy(), version=0)
     finally:
         await bus.stop()
+    ids = [f"traj-{run}-{k:03d}" for k in range(N_TRAJECTORIES)]
+    await _publish(kafka_bootstrap, topic, ids)
 
     # Run 1: SIGKILL right after the 3rd checkpoint is on disk, before its offsets are committed.
     killed = await asyncio.to_thread(
@@ -101,6 +123,7 @@ async def test_learner_killed_between_checkpoint_and_commit(
         policy_topic,
         group,
         tmp_path,
+        N_TRAJECTORIES,
         "--kill-after-checkpoint",
         "3",
     )
@@ -108,23 +131,35 @@ async def test_learner_killed_between_checkpoint_and_commit(
     ckpt = load_checkpoint(tmp_path / "ckpt")
     assert ckpt is not None and ckpt.state.trained == 3 * BATCH
     in_checkpoint = sum(ckpt.state.offsets[topic].values())
-    committed = await _committed(kafka_bootstrap, group, topic, 3)
+    committed = await _committed(kafka_bootstrap, group, topic, PARTITIONS)
     assert committed < in_checkpoint, (committed, in_checkpoint)  # killed in the gap
+
+    # The stream goes on while the learner is down, on every partition (whole batches, so no
+    # partial one is left over). Run 2 stops once it has trained everything, and on each
+    # partition the redelivered records come before the new ones, so it must have read them
+    # all by then. A partition whose last records were redelivered ones could otherwise
+    # still be unread when the count is reached: the learner would rightly stop without
+    # them, and the skip this test is about would not be seen (a race on fetch order).
+    fresh_partitions: set[int] = set()
+    while fresh_partitions != set(range(PARTITIONS)):
+        more = [f"traj-{run}-{k:03d}" for k in range(len(ids), len(ids) + BATCH)]
+        fresh_partitions |= await _publish(kafka_bootstrap, topic, more, seed0=len(ids))
+        ids += more
 
     # Run 2: resumes from the checkpoint and finishes the stream.
     resumed = await asyncio.to_thread(
-        _learner, kafka_bootstrap, topic, policy_topic, group, tmp_path
+        _learner, kafka_bootstrap, topic, policy_topic, group, tmp_path, len(ids)
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = load_checkpoint(tmp_path / "ckpt")
     assert final is not None
     state = final.state
-    assert state.trained == N_TRAJECTORIES
-    assert len(state.ledger) == N_TRAJECTORIES and sorted(state.ledger) == ids  # once each
+    assert state.trained == len(ids)
+    assert len(state.ledger) == len(ids) and sorted(state.ledger) == ids  # once each
     assert state.skipped_redelivered == in_checkpoint - committed > 0
-    assert await _committed(kafka_bootstrap, group, topic, 3) == N_TRAJECTORIES
+    assert await _committed(kafka_bootstrap, group, topic, PARTITIONS) == len(ids)
 
     events = await _policy_events(kafka_bootstrap, policy_topic)
-    assert sorted({e.version for e in events}) == list(range(1, N_TRAJECTORIES // BATCH + 1))
+    assert sorted({e.version for e in events}) == list(range(1, len(ids) // BATCH + 1))
     for e in events:
         assert load_weights(path_from_uri(e.uri), e.sha256).metadata["version"] == str(e.version)

@@ -3,7 +3,7 @@
 ``python -m orchestrator_svc``, two ``python -m subagent_svc`` workers, ``python -m reward_svc``
 and ``python -m learner_svc``: health is SERVING, a task submitted over gRPC streams to its
 end, the reward service's score comes back to the orchestrator, the learner receives it, and
-SIGTERM stops every process with exit status 0.
+SIGTERM stops every process with exit status 0 within the configured shutdown timeout.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,8 +28,22 @@ from podium.v1 import session_service_pb2 as ss
 from podium.v1 import session_service_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
+SHUTDOWN_TIMEOUT_S = 10.0
+"""PODIUM_SHUTDOWN_TIMEOUT_S of every service: how long a graceful stop may wait for work in
+hand. The orchestrator may use all of it: a probe session that timed out is still running
+there (its subtask was published before the workers' group fixed its latest position, so no
+worker ever runs it), and a stop waits that long for running sessions before cancelling them."""
+EXIT_MARGIN_S = 20.0
+"""Allowed on top of that to leave groups, flush producers and exit, on a busy host."""
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+async def _drain(proc: asyncio.subprocess.Process, into: bytearray) -> None:
+    """Append ``proc``'s stderr to ``into`` until it closes."""
+    assert proc.stderr is not None
+    while chunk := await proc.stderr.read(65536):
+        into += chunk
 
 
 def free_port() -> int:
@@ -47,7 +62,9 @@ async def test_four_services_as_processes(
         "&heartbeat_interval_ms=250&session_timeout_ms=6000"
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith("PODIUM_")}
-    base.update(PYTHONPATH=str(ROOT), PODIUM_BUS=url)
+    base.update(
+        PYTHONPATH=str(ROOT), PODIUM_BUS=url, PODIUM_SHUTDOWN_TIMEOUT_S=str(SHUTDOWN_TIMEOUT_S)
+    )
     specs = {
         "orchestrator": (
             "orchestrator_svc",
@@ -69,6 +86,8 @@ async def test_four_services_as_processes(
         "learner": ("learner_svc", {"PODIUM_GROUP_ID": f"{run}-learner"}),
     }
     procs: dict[str, asyncio.subprocess.Process] = {}
+    logs: dict[str, bytearray] = {}
+    readers: list[asyncio.Task[None]] = []
     try:
         for name, (module, extra) in specs.items():
             procs[name] = await asyncio.create_subprocess_exec(
@@ -80,6 +99,10 @@ async def test_four_services_as_processes(
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
             )
+            # Read each log as it is written: a full pipe would block the service's logging
+            # (and so its event loop) until someone reads it.
+            logs[name] = bytearray()
+            readers.append(asyncio.create_task(_drain(procs[name], logs[name])))
         async with grpc.aio.insecure_channel(
             f"127.0.0.1:{port}", interceptors=client_interceptors()
         ) as channel:
@@ -126,19 +149,32 @@ async def test_four_services_as_processes(
                 await asyncio.sleep(0.1)
             assert got.result.score.trajectory.session_id == sid
             assert got.result.score.reward_version
+        # Every process exits within the configured shutdown timeout plus the margin.
+        sigterm_at = time.strftime("%H:%M:%S")
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
-        logs = {}
+        exits = {name: asyncio.create_task(proc.wait()) for name, proc in procs.items()}
+        _, late = await asyncio.wait(exits.values(), timeout=SHUTDOWN_TIMEOUT_S + EXIT_MARGIN_S)
+        hung = [name for name, exited in exits.items() if exited in late]
+        for name in hung:
+            procs[name].kill()
+        await asyncio.gather(*exits.values(), *readers)
+        if hung:
+            pytest.fail(
+                f"{', '.join(hung)} still running {SHUTDOWN_TIMEOUT_S + EXIT_MARGIN_S:g} s after "
+                f"SIGTERM (sent {sigterm_at}); log of {hung[0]}: {logs[hung[0]].decode()[-6000:]}"
+            )
+        text = {name: log.decode() for name, log in logs.items()}
         for name, proc in procs.items():
-            _, err = await asyncio.wait_for(proc.communicate(), 30)
-            logs[name] = err.decode()
-            assert proc.returncode == 0, f"{name}: {logs[name][-2000:]}"
-        assert sid in logs["learner"]  # the learner received this session's score
+            assert proc.returncode == 0, f"{name}: {text[name][-2000:]}"
+        assert sid in text["learner"]  # the learner received this session's score
         for name in ("orchestrator", "worker-1", "worker-2", "learner"):
-            assert "stop signal received; stopping gracefully" in logs[name]
+            assert "stop signal received; stopping gracefully" in text[name]
     finally:
         for proc in procs.values():
             if proc.returncode is None:
                 proc.kill()
                 with contextlib.suppress(Exception):
                     await proc.wait()
+        for reader in readers:
+            reader.cancel()
