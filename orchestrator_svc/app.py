@@ -255,29 +255,36 @@ class OrchestratorApp:
     async def stop(self) -> None:
         """Graceful: stop intake (gRPC NOT_SERVING, no new tasks), let running sessions finish
         within the shutdown timeout, then stop the result and score consumers."""
-        timeout = self.config.shutdown_timeout_s
+        # One deadline for the whole shutdown, so it is bounded by PODIUM_SHUTDOWN_TIMEOUT_S
+        # (plus a floor per phase to commit what is in hand), not by a sum of per-phase waits.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_timeout_s
+
+        def left(floor: float = 1.0) -> float:
+            return max(deadline - loop.time(), floor)
+
         if self.grpc is not None:
             await self.grpc.set_serving(False)
-        await self.tasks_consumer.stop(timeout_s=timeout)
+        await self.tasks_consumer.stop(timeout_s=left())
         if self._session_tasks:
-            _, pending = await asyncio.wait(set(self._session_tasks), timeout=timeout)
+            _, pending = await asyncio.wait(set(self._session_tasks), timeout=left(0.0))
             for t in pending:
                 t.cancel()
             for t in pending:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
         await asyncio.gather(
-            self.results_consumer.stop(timeout_s=timeout),
-            self.scores_consumer.stop(timeout_s=timeout),
+            self.results_consumer.stop(timeout_s=left()),
+            self.scores_consumer.stop(timeout_s=left()),
             *(
-                [self.policy_consumer.stop(timeout_s=timeout)]
+                [self.policy_consumer.stop(timeout_s=left())]
                 if self.policy_consumer is not None
                 else []
             ),
         )
         if self.grpc is not None:
-            await self.grpc.stop(grace_s=min(timeout, 5.0))
-        await asyncio.wait(self._consumer_tasks, timeout=timeout)
+            await self.grpc.stop(grace_s=min(left(), 5.0))
+        await asyncio.wait(self._consumer_tasks, timeout=left())
         if self.learned is not None and self.learned.backend is not None:
             self.learned.backend.close()
 
