@@ -43,13 +43,8 @@ from learner_svc.streaming import policy_lag
 from podium import codec, topics
 from podium.bus.base import Bus, Record, Subscriber
 from podium.bus.consumer import (
-    DLQ_ERROR,
-    DLQ_ERROR_TYPE,
-    DLQ_GROUP,
-    DLQ_SOURCE_OFFSET,
-    DLQ_SOURCE_PARTITION,
-    DLQ_SOURCE_TOPIC,
     EventPublisher,
+    publish_dead_letter,
 )
 from podium.envs.swarm import EnvConfig, PoolSpec, SwarmEnv, default_pool
 from podium.envs.swarm.simulator.env import ObservationLayout
@@ -288,22 +283,15 @@ class SwarmLearner:
         await self._publish_version(metrics)
 
     async def _dead_letter(self, record: Record, exc: Exception) -> None:
-        headers = (
-            (DLQ_SOURCE_TOPIC, record.topic.encode()),
-            (DLQ_SOURCE_PARTITION, str(record.partition).encode()),
-            (DLQ_SOURCE_OFFSET, str(record.offset).encode()),
-            (DLQ_ERROR, str(exc)[:2000].encode("utf-8", "replace")),
-            (DLQ_ERROR_TYPE, type(exc).__name__.encode()),
-            (DLQ_GROUP, self.config.group_id.encode()),
-        )
         _log.error(
             "dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc
         )
-        await self.bus.publish(
-            topics.dead_letter(record.topic),
-            record.value or b"",
-            key=record.key,
-            headers=record.headers + headers,
+        await publish_dead_letter(
+            self.bus,
+            record,
+            exc,
+            group_id=self.config.group_id,
+            producer=self.publisher.producer_name,
         )
 
     async def _accept(self, record: Record) -> tuple[Episode, float, int] | None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,16 +38,9 @@ from aiokafka.errors import (
 
 from podium import topics
 from podium.bus.consumer import (
-    DLQ_ERROR,
-    DLQ_ERROR_TYPE,
-    DLQ_FAILED_AT_MS,
-    DLQ_GROUP,
-    DLQ_PRODUCER,
-    DLQ_SOURCE_OFFSET,
-    DLQ_SOURCE_PARTITION,
-    DLQ_SOURCE_TOPIC,
     EVENT_ID_HEADER,
     EVENT_TYPE_HEADER,
+    dead_letter_headers,
     is_retriable,
 )
 from podium.bus.kafka import KafkaConfig
@@ -58,7 +50,6 @@ from podium.rewards.events import score_record
 from reward_svc.config import ServiceConfig
 
 _log = logging.getLogger("reward_svc")
-_MAX_ERROR_CHARS = 2000
 
 
 @dataclass
@@ -75,23 +66,6 @@ class LoopStats:
     """Poison records committed to the dead-letter topic."""
     penalties_fired: dict[str, int] = field(default_factory=dict)
     """How often each detector charged a penalty."""
-
-
-def dead_letter_headers(
-    record: Any, exc: BaseException, *, group_id: str, producer: str
-) -> list[tuple[str, bytes]]:
-    """Headers naming where a poison record came from and why it was rejected."""
-    return [
-        *[(k, v) for k, v in (record.headers or ())],
-        (DLQ_SOURCE_TOPIC, record.topic.encode()),
-        (DLQ_SOURCE_PARTITION, str(record.partition).encode()),
-        (DLQ_SOURCE_OFFSET, str(record.offset).encode()),
-        (DLQ_ERROR, str(exc)[:_MAX_ERROR_CHARS].encode("utf-8", "replace")),
-        (DLQ_ERROR_TYPE, type(exc).__name__.encode()),
-        (DLQ_GROUP, group_id.encode()),
-        (DLQ_PRODUCER, producer.encode()),
-        (DLQ_FAILED_AT_MS, str(int(time.time() * 1000)).encode()),
-    ]
 
 
 async def ensure_topics(kafka: KafkaConfig, names: Sequence[str], partitions: int) -> None:
@@ -272,9 +246,17 @@ class KafkaRewardService:
                             dlq,
                             value=record.value,
                             key=record.key,
-                            headers=dead_letter_headers(
-                                record, exc, group_id=cfg.group_id, producer=cfg.producer_name
-                            ),
+                            headers=[
+                                *(record.headers or ()),
+                                *dead_letter_headers(
+                                    record.topic,
+                                    record.partition,
+                                    record.offset,
+                                    exc,
+                                    group_id=cfg.group_id,
+                                    producer=cfg.producer_name,
+                                ),
+                            ],
                         )
                         sent.add_done_callback(_retrieve)
                         dead += 1

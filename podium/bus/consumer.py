@@ -72,6 +72,46 @@ _TRACE_HEADERS = frozenset({"traceparent", "tracestate", "baggage"})
 _MAX_ERROR_CHARS = 2000
 
 
+def dead_letter_headers(
+    topic: str,
+    partition: int,
+    offset: int,
+    exc: BaseException,
+    *,
+    group_id: str,
+    producer: str,
+) -> Headers:
+    """The headers every Podium dead letter carries: where the poison record came from
+    (topic, partition, offset), why it was rejected, and who rejected it when."""
+    error = str(exc)[:_MAX_ERROR_CHARS] or type(exc).__name__
+    return (
+        (DLQ_SOURCE_TOPIC, topic.encode()),
+        (DLQ_SOURCE_PARTITION, str(partition).encode()),
+        (DLQ_SOURCE_OFFSET, str(offset).encode()),
+        (DLQ_ERROR, error.encode("utf-8", "replace")),
+        (DLQ_ERROR_TYPE, type(exc).__name__.encode()),
+        (DLQ_GROUP, group_id.encode()),
+        (DLQ_PRODUCER, producer.encode()),
+        (DLQ_FAILED_AT_MS, str(int(time.time() * 1000)).encode()),
+    )
+
+
+async def publish_dead_letter(
+    bus: Bus, record: Record, exc: BaseException, *, group_id: str, producer: str
+) -> None:
+    """Publish ``record`` unchanged (key, value, headers) to its topic's dead-letter topic with
+    :func:`dead_letter_headers` appended (one attempt; callers with a retry policy loop)."""
+    await bus.publish(
+        topics.dead_letter(record.topic),
+        record.value or b"",
+        key=record.key,
+        headers=record.headers
+        + dead_letter_headers(
+            record.topic, record.partition, record.offset, exc, group_id=group_id, producer=producer
+        ),
+    )
+
+
 def is_retriable(exc: BaseException) -> bool:
     """Whether trying the same record again may succeed.
 
@@ -386,16 +426,6 @@ class EventConsumer:
             raise exc
         target = topics.dead_letter(record.topic)
         error = str(exc)[:_MAX_ERROR_CHARS] or type(exc).__name__
-        dlq_headers: Headers = (
-            (DLQ_SOURCE_TOPIC, record.topic.encode()),
-            (DLQ_SOURCE_PARTITION, str(record.partition).encode()),
-            (DLQ_SOURCE_OFFSET, str(record.offset).encode()),
-            (DLQ_ERROR, error.encode("utf-8", "replace")),
-            (DLQ_ERROR_TYPE, type(exc).__name__.encode()),
-            (DLQ_GROUP, self.group_id.encode()),
-            (DLQ_PRODUCER, self.producer_name.encode()),
-            (DLQ_FAILED_AT_MS, str(int(time.time() * 1000)).encode()),
-        )
         _log.error(
             "%s: dead-lettering %s[%d]@%d to %s: %s",
             self.group_id,
@@ -409,11 +439,8 @@ class EventConsumer:
         while True:
             try:
                 # The original key keeps the dead letters of one session together and in order.
-                await self.bus.publish(
-                    target,
-                    record.value or b"",
-                    key=record.key,
-                    headers=record.headers + dlq_headers,
+                await publish_dead_letter(
+                    self.bus, record, exc, group_id=self.group_id, producer=self.producer_name
                 )
             except BusError as err:
                 if not err.retriable:
