@@ -26,7 +26,7 @@ def _positive(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``podium train`` (defaults finish in < 30 min on 2 CPU cores)."""
+    """Options of ``podium train`` (defaults take about 31 CPU-minutes)."""
     parser.add_argument(
         "--run-dir",
         type=Path,

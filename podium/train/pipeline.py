@@ -66,7 +66,7 @@ from podium.v1 import envelope_pb2, reward_pb2, trajectory_pb2
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
-    """Everything ``podium train`` needs. The defaults finish in < 30 min on 2 CPU cores."""
+    """Everything ``podium train`` needs. The defaults take about 31 CPU-minutes (single-threaded)."""
 
     run_dir: Path = Path("runs/latest")
     """Where TensorBoard logs, checkpoints, report.html and summary.json go."""
