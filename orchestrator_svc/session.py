@@ -61,8 +61,7 @@ class SessionTimeout(PodiumError):
 class BusSimulator(SwarmSimulator):
     """The simulator's interface, with outcomes supplied by sub-agents over the bus.
 
-    ``start`` draws each execution's seed from the session generator exactly as
-    :class:`SwarmSimulator` does, but instead of sampling the outcome it queues the execution
+    ``start`` derives each execution's seed exactly as :class:`SwarmSimulator` does, but instead of sampling the outcome it queues the execution
     in :attr:`outbox` for the session to publish. :meth:`add_result` feeds outcomes back;
     ``wait`` and ``deliver_due`` then behave as the simulator's, over those outcomes.
     """
@@ -85,8 +84,8 @@ class BusSimulator(SwarmSimulator):
     def start(self, slot: int, agent: int, k: int = 1) -> list[ExecutionRecord]:
         recs = self.state.start(slot, agent, k)
         for rec in recs:
-            # Same draw, same order as SwarmSimulator.start: replays match the simulator.
-            self.seeds[rec.id] = self.rng.getrandbits(63)
+            # Same seed as SwarmSimulator.start: replays match the simulator.
+            self.seeds[rec.id] = self.execution_seed(rec)
             self.outbox.append(rec)
         return recs
 

@@ -404,7 +404,7 @@ def _initial_policy(
     """The starting network (fresh, or cloned from cpls), saved as a policy file."""
     pool = default_pool()
     env_cfg = EnvConfig(max_subtasks=config.max_subtasks, invalid_action="raise")
-    envs = [SwarmEnv(train_tasks, pool, env_cfg) for _ in range(16)]
+    envs = SwarmEnv.replicas(16, train_tasks, pool, env_cfg)
     torch.manual_seed(config.seed)
     agent = SwarmAgent(envs[0].layout)
     figures: dict[str, float] = {}

@@ -362,3 +362,147 @@ def test_trajectory_carries_policy_stats_and_failures() -> None:
     assert traj.labels["split"] == "train" and traj.completed
     with pytest.raises(ConfigError, match="log_probs has 1 entries for 6 decisions"):
         episode_trajectory(env, log_probs=[0.0])
+
+
+def _advice(env: SwarmEnv, obs: np.ndarray) -> tuple[str, int, int, int]:
+    """Decode the advice columns of an observation: ("start", slot, agent, k) / ("wait"|...)."""
+    lay = env.layout
+    A = len(lay.agents)
+    col = lay.slot_features - (1 + A + 3)
+    rows = obs[: lay.slots_end].reshape(lay.max_subtasks, lay.slot_features)
+    flagged = np.flatnonzero(rows[:, col] > 0.5)
+    control = obs[lay.globals_end - 2 : lay.globals_end]
+    if len(flagged):
+        assert len(flagged) == 1 and not control.any(), "advice names one decision"
+        row = rows[flagged[0]]
+        agents = np.flatnonzero(row[col + 1 : col + 1 + A])
+        splits = np.flatnonzero(row[col + 1 + A :])
+        assert len(agents) == 1 and len(splits) == 1
+        return "start", int(flagged[0]), int(agents[0]), (1, 2, 4)[int(splits[0])]
+    assert control.sum() == 1.0
+    return ("wait" if control[0] else "finish"), -1, -1, 0
+
+
+def test_rule_advice_columns_carry_the_cpls_decision_at_every_step() -> None:
+    """The observation's advice is exactly what cpls decides in that state, at every step of
+    a whole noisy episode (failures and retries included), and it moves with the state."""
+    from podium.envs.swarm.baselines import CplsPolicy
+
+    pool = default_pool()
+    task = generate_task("layered", 30, 3)
+    env = SwarmEnv(task, pool, EnvConfig(max_subtasks=32))
+    cpls = CplsPolicy()
+    obs, _ = env.reset(seed=5)
+    kinds_seen: set[str] = set()
+    done = False
+    rng = random.Random(0)
+    while not done:
+        kind, slot, agent, k = _advice(env, obs)
+        kinds_seen.add(kind)
+        want = env.codec.decode(cpls.act(env))
+        if kind == "start":
+            assert want == (1, slot, agent, k)
+        else:
+            assert want[0] == (2 if kind == "wait" else 3)
+        # Follow the advice mostly, sometimes another valid action: advice must track states
+        # cpls itself would never reach.
+        a = cpls.act(env)
+        if rng.random() < 0.3:
+            a = int(rng.choice(np.flatnonzero(env.action_masks())))
+        obs, _, term, trunc, _ = env.step(a)
+        done = term or trunc
+    assert {"start", "wait"} <= kinds_seen
+
+
+def test_rule_advice_off_leaves_the_columns_zero_in_the_same_layout() -> None:
+    task = generate_task("diamond", 12, 1)
+    on = SwarmEnv(task, default_pool(), EnvConfig(max_subtasks=16))
+    off = SwarmEnv(task, default_pool(), EnvConfig(max_subtasks=16, rule_advice=False))
+    assert on.layout == off.layout
+    o_on, _ = on.reset(seed=1)
+    o_off, _ = off.reset(seed=1)
+    differs = np.flatnonzero(o_on != o_off)
+    assert len(differs) > 0
+    lay = on.layout
+    A = len(lay.agents)
+    cols = set(range(lay.slot_features - (1 + A + 3), lay.slot_features))
+    for i in differs:
+        if i < lay.slots_end:
+            assert i % lay.slot_features in cols
+        else:
+            assert lay.globals_end - 2 <= i < lay.globals_end
+    assert not o_off[lay.globals_end - 2 : lay.globals_end].any()
+
+
+def test_replicas_share_set_up_and_behave_like_independent_envs() -> None:
+    from podium.envs.swarm.baselines import CplsPolicy
+
+    tasks = [generate_task(s, 15, i) for i, s in enumerate(("chain", "diamond", "layered"))]
+    extra = generate_task("fanout", 12, 9)
+    reps = SwarmEnv.replicas(3, tasks, default_pool(), EnvConfig(max_subtasks=16))
+    assert reps[0]._static is reps[2]._static and reps[0].pool is reps[1].pool
+    lone = SwarmEnv(tasks, default_pool(), EnvConfig(max_subtasks=16))
+    cpls = CplsPolicy()
+    for env in (reps[1], lone):
+        env.reset(seed=3, options={"task": extra})  # a task outside the list: added for all
+    assert extra.name in reps[2]._static
+    for name in (tasks[1].name, extra.name):
+        traces = []
+        for env in (reps[2], lone):
+            obs, _ = env.reset(seed=11, options={"task": name})
+            seen = [obs]
+            done = False
+            while not done:
+                obs, _, term, trunc, info = env.step(cpls.act(env))
+                seen.append(obs)
+                done = term or trunc
+            traces.append((np.stack(seen), info["latency"]))
+        np.testing.assert_array_equal(traces[0][0], traces[1][0])
+        assert traces[0][1] == traces[1][1]
+    with pytest.raises(ConfigError, match="n >= 1"):
+        SwarmEnv.replicas(0, tasks)
+
+
+def test_common_random_numbers_luck_follows_the_unit_of_work_not_the_start_order() -> None:
+    """Two policies with the same session seed: every (subtask, chunk, attempt) they both run
+    on the same agent takes exactly as long and ends the same way, even though they start
+    things in different orders (the pairing the trainer's rollout baseline relies on)."""
+    from podium.envs.swarm.baselines import CplsPolicy, GreedyPolicy
+
+    task = generate_task("diamond", 30, 4)
+    runs = []
+    for policy in (CplsPolicy(), GreedyPolicy()):
+        env = SwarmEnv(task, default_pool(), EnvConfig(max_subtasks=32))
+        env.reset(seed=21)
+        done = False
+        while not done:
+            _, _, term, trunc, _ = env.step(policy.act(env))
+            done = term or trunc
+        st = env.state
+        runs.append(
+            {
+                (r.slot, st.u_part[r.unit], r.attempt, r.agent): (r.end - r.start, r.success)
+                for r in st.executions
+            }
+        )
+    orders = [list(r) for r in runs]
+    assert orders[0] != orders[1], "the policies should start things in different orders"
+    shared = set(runs[0]) & set(runs[1])
+    assert len(shared) >= 10
+    for key in shared:
+        assert runs[0][key][0] == pytest.approx(runs[1][key][0], rel=1e-12), key
+        assert runs[0][key][1] == runs[1][key][1], key
+    # And another session seed gives other luck.
+    env = SwarmEnv(task, default_pool(), EnvConfig(max_subtasks=32))
+    env.reset(seed=22)
+    cpls = CplsPolicy()
+    done = False
+    while not done:
+        _, _, term, trunc, _ = env.step(cpls.act(env))
+        done = term or trunc
+    other = {
+        (r.slot, env.state.u_part[r.unit], r.attempt, r.agent): r.end - r.start
+        for r in env.state.executions
+    }
+    common = set(other) & set(runs[0])
+    assert sum(other[k] != runs[0][k][0] for k in common) > len(common) // 2

@@ -29,7 +29,7 @@ from podium.serving.export import default_swarm_signature
 GRPC_ENV = "PODIUM_V2_GRPC"
 REPOSITORY_ENV = "PODIUM_V2_REPOSITORY"
 SIGNATURE: PolicySignature = default_swarm_signature()
-"""Sizes of the shipped default pool: F=32, G=136, K=27 at the time of writing."""
+"""Sizes of the shipped default pool: F=45, G=138, K=27 at the time of writing."""
 
 
 def make_policy(seed: int) -> nn.Module:

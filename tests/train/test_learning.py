@@ -124,7 +124,7 @@ def test_behaviour_cloning_imitates_cpls_and_ppo_updates_run(
     agent = _agent(envs)
     demos, _ = run_episodes(envs, jobs, rule="cpls")
     rng = np.random.default_rng(0)
-    hist = behaviour_cloning(agent, demos, SwarmPPOConfig(minibatch_size=64), rng, epochs=12)
+    hist = behaviour_cloning(agent, demos, SwarmPPOConfig(minibatch_size=64), rng, epochs=40)
     assert hist[-1]["bc_loss"] < hist[0]["bc_loss"]
     assert hist[-1]["bc_accuracy"] > 0.8
     # The cloned policy, acting greedily, agrees with cpls on most of its own decisions.
@@ -136,7 +136,7 @@ def test_behaviour_cloning_imitates_cpls_and_ppo_updates_run(
         assert ep.teacher is not None and ep.teacher.shape == ep.actions.shape
         assert ep.masks[np.arange(ep.length), ep.teacher].all()
     agreement = np.mean(np.concatenate([ep.actions == ep.teacher for ep in labelled]))
-    assert agreement > 0.8, agreement
+    assert agreement > 0.9, agreement  # the advice columns make cpls easy to follow
     before = [p.detach().clone() for p in agent.net.parameters()]
     opt = torch.optim.Adam(agent.net.parameters(), lr=3e-4)
     samples, _ = run_episodes(envs, jobs, agent=agent)
@@ -202,3 +202,43 @@ def test_guard_mask_removes_only_the_starts_loop_detection_would_end() -> None:
     assert not guarded[flaky] and guarded[solid]
     _, _, term, _, info = env.step(flaky)
     assert term and info["loop_detected"]
+
+
+def test_critic_only_update_moves_the_value_head_and_nothing_else(
+    setup: tuple[list[SwarmEnv], list[Job]],
+) -> None:
+    envs, jobs = setup
+    agent = _agent(envs)
+    samples, _ = run_episodes(envs, jobs, agent=agent)
+    before = {k: v.detach().clone() for k, v in agent.net.state_dict().items()}
+    opt = torch.optim.Adam(agent.net.parameters(), lr=3e-4)
+    bonus = [2.5] * len(samples)  # an offset the critic has never seen
+    cfg = SwarmPPOConfig()
+
+    def value_error() -> tuple[float, float]:
+        """(mean squared error, mean error) of V against the returns."""
+        errs, bias = [], []
+        for ep, b in zip(samples, bonus, strict=True):
+            _, ret = episode_advantages(ep, b, cfg)
+            idx = np.array([(0, t) for t in range(ep.length)], dtype=np.int64)
+            b, _ = collate([ep], idx, agent.num_agents)
+            with torch.no_grad():
+                _, v = agent.net(b.slots, b.present, b.globals_, b.masks)
+            errs.append(float(((v.numpy() - ret) ** 2).mean()))
+            bias.append(float((v.numpy() - ret).mean()))
+        return float(np.mean(errs)), float(np.mean(bias))
+
+    err0, bias0 = value_error()
+    assert abs(bias0) > 0.5
+    stats = ppo_update(
+        agent, opt, samples, bonus, cfg, np.random.default_rng(0), progress=0.0, critic_only=True
+    )
+    assert stats["critic_only"] == 1.0
+    after = agent.net.state_dict()
+    for k, v in before.items():
+        if k.startswith("value_head."):
+            continue
+        assert torch.equal(v, after[k]), f"{k} moved in a critic-only update"
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("value_head."))
+    err1, bias1 = value_error()
+    assert err1 < 0.8 * err0 and abs(bias1) < 0.2, (err0, bias0, err1, bias1)

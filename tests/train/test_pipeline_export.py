@@ -70,3 +70,35 @@ def test_cli_option_reaches_the_config_and_is_refused_with_kafka(
     code = main(["train", "--bus", "kafka://127.0.0.1:9", "--model-repository", str(tmp_path)])
     assert code == 2
     assert "PODIUM_MODEL_REPOSITORY" in capsys.readouterr().err
+
+
+def test_train_command_sets_a_previous_run_aside(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Re-running the README's main job into the same run directory works and keeps the
+    earlier run (versions are immutable: writing into its checkpoints would be refused)."""
+    from podium.cli import main
+    from podium.commands.train import set_aside_previous_run
+
+    assert set_aside_previous_run(tmp_path / "absent") is None
+    (tmp_path / "empty").mkdir()
+    assert set_aside_previous_run(tmp_path / "empty") is None
+    run_dir = tmp_path / "latest"
+    (run_dir / "checkpoints" / "swarm_policy" / "1").mkdir(parents=True)
+    (run_dir / "checkpoints" / "swarm_policy" / "1" / "weights.safetensors").write_bytes(b"old")
+    assert main(["train", "--quick", "--run-dir", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    assert f"previous run in {run_dir} moved to" in err
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("latest.")]
+    assert len(kept) == 1
+    assert (kept[0] / "checkpoints/swarm_policy/1/weights.safetensors").read_bytes() == b"old"
+    assert (run_dir / "report.html").is_file() and (run_dir / "summary.json").is_file()
+    # A second set-aside in the same second does not collide with the first.
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("1")
+    first = set_aside_previous_run(tmp_path / "other")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("2")
+    second = set_aside_previous_run(tmp_path / "other")
+    assert first is not None and second is not None and first != second
+    assert (second / "x").read_text() == "2"

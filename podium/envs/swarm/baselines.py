@@ -183,8 +183,21 @@ class CplsPolicy(RuleEngine):
     name = "cpls"
 
     def __init__(self) -> None:
-        # Keyed by id(task) and holding the task, so a recycled id can never alias.
+        # Keyed by id(task) / id(pool) and holding the object, so a recycled id never aliases.
         self._ranks: dict[int, tuple[object, list[float]]] = {}
+        self._priority: dict[int, tuple[object, list[int]]] = {}
+        self._orders: dict[tuple[int, str], tuple[object, list[int]]] = {}
+
+    def agent_order(self, state: SwarmState, kind: str) -> list[int]:
+        """Agents for ``kind`` best-first by expected time to success (cached per pool: the
+        environment asks for it at every step when it computes its advice features)."""
+        key = (id(state.pool), kind)
+        hit = self._orders.get(key)
+        if hit is not None and hit[0] is state.pool:
+            return hit[1]
+        order = _agents_by(state, kind, "ets")
+        self._orders[key] = (state.pool, order)
+        return order
 
     def ranks(self, state: SwarmState) -> list[float]:
         """Upward ranks of the state's task (cached per task object)."""
@@ -201,24 +214,37 @@ class CplsPolicy(RuleEngine):
         self._ranks[key] = (state.task, r)
         return r
 
+    def priority(self, state: SwarmState) -> list[int]:
+        """Slots by decreasing upward rank, ties by slot (cached per task object)."""
+        key = id(state.task)
+        hit = self._priority.get(key)
+        if hit is not None and hit[0] is state.task:
+            return hit[1]
+        ranks = self.ranks(state)
+        order = sorted(range(state.num_slots), key=lambda s: (-ranks[s], s))
+        self._priority[key] = (state.task, order)
+        return order
+
     def decide(self, state: SwarmState, rng: Rng = None) -> Command:
         free = state.free
         if free <= 0:
             return self._idle(state)
-        ranks = self.ranks(state)
-        ready = [s for s in range(state.num_slots) if state.runnable[s] > 0]
-        if not ready:
+        runnable = state.runnable
+        # The most critical ready subtask: the first runnable one in priority order (the
+        # environment asks at every step for its advice features, so no per-step sort).
+        slot = next((s for s in self.priority(state) if runnable[s] > 0), -1)
+        if slot < 0:
             return self._idle(state)
-        ready.sort(key=lambda s: (-ranks[s], s))
-        slot = ready[0]
-        agent = self._pick(state, slot, _agents_by(state, state.kind_of(slot), "ets"))
+        ranks = self.ranks(state)
+        agent = self._pick(state, slot, self.agent_order(state, state.kind_of(slot)))
         if state.can_split(slot):
             # Unstarted work competing for capacity: the most critical one must be this slot.
             top = max(
                 (ranks[s] for s in range(state.num_slots) if state.attempts_of[s] == 0),
                 default=0.0,
             )
-            spare = free - len(ready)  # slots not claimed by the other ready subtasks
+            ready = sum(1 for r in runnable if r > 0)
+            spare = free - ready  # slots not claimed by the other ready subtasks
             if ranks[slot] >= top:
                 for k in SPLIT_FACTORS[:0:-1]:
                     if k - 1 <= spare:

@@ -33,6 +33,15 @@ _TWO_PI = 2.0 * math.pi
 _INV_2_53 = 1.0 / (1 << 53)
 
 
+def mix64(x: int) -> int:
+    """SplitMix64's finaliser: a 64-bit bijection whose every output bit depends on every input
+    bit (for hashing several small integers into one well-spread seed)."""
+    z = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
 def splitmix64_uniforms(seed: int) -> tuple[float, float, float]:
     """Three uniforms in [0, 1) from SplitMix64 seeded with ``seed`` (taken modulo 2^64)."""
     x = seed & _MASK64

@@ -1,9 +1,16 @@
 """The event-driven clock: samples executions from the pool and delivers their completions.
 
 :class:`SwarmSimulator` wraps a :class:`~podium.envs.swarm.state.SwarmState`. Each started
-execution gets its own seed drawn from the session's generator and its outcome from
-:meth:`SubagentPool.sample` — the same pure function ``subagent_svc`` calls with the seed it
-receives in ``SubtaskAssigned`` — so a simulated session can be replayed over the bus.
+execution gets its own seed and its outcome from :meth:`SubagentPool.sample` — the same pure
+function ``subagent_svc`` calls with the seed it receives in ``SubtaskAssigned`` — so a
+simulated session can be replayed over the bus.
+
+The seed is a hash of the session's seed and *what* runs — (subtask, chunk, attempt) — not of
+the order things were started in (:meth:`SwarmSimulator.execution_seed`). Two policies given
+the same session seed therefore meet the same luck on every unit of work whatever order they
+schedule it in (common random numbers): the third attempt of chunk 2 of ``build-api`` draws the
+same uniforms under both, only scaled by the agent each chose. Comparing policies, and the
+rollout baseline of the trainer, rely on it.
 Completions wait in a heap ordered by (end time, execution id); the id breaks ties so equal
 end times resolve deterministically.
 """
@@ -13,7 +20,7 @@ from __future__ import annotations
 import heapq
 import random
 
-from podium.envs.swarm.pool import SubagentPool, sample_execution
+from podium.envs.swarm.pool import SubagentPool, mix64, sample_execution
 from podium.envs.swarm.spec import TaskSpec
 from podium.envs.swarm.state import ExecutionRecord, StateConfig, SwarmState
 
@@ -31,10 +38,19 @@ class SwarmSimulator:
         self.pool = pool
         self.state = SwarmState.new(task, pool, config)
         self.rng = random.Random(seed)
+        self._seed_base = self.rng.getrandbits(64)
         self.step_cost = pool.spec.main_step_cost
         self._events: list[tuple[float, int, bool]] = []
         self.seeds: dict[int, int] = {}
         """Execution id -> the seed its outcome was sampled with (for replay over the bus)."""
+
+    def execution_seed(self, rec: ExecutionRecord) -> int:
+        """The seed of an execution: a hash of the session seed, the subtask slot, the chunk
+        (or merge) and the attempt number; see the module docstring."""
+        part = self.state.u_part[rec.unit]
+        x = mix64(self._seed_base ^ rec.slot)
+        x = mix64(x ^ (part & 0xFFFF_FFFF))
+        return mix64(x ^ rec.attempt) >> 1  # 63 bits: the wire's int64 stays non-negative
 
     def decide(self) -> None:
         """Charge one orchestrator decision: the clock advances by main_step_cost."""
@@ -48,7 +64,7 @@ class SwarmSimulator:
             prof = self.pool.profile(agent, st.kind_of(slot))
             assert prof is not None  # start() checked can_do
             for rec in recs:
-                seed = self.rng.getrandbits(63)
+                seed = self.execution_seed(rec)
                 self.seeds[rec.id] = seed
                 # Same draw as SubagentPool.sample(agent, kind, work, seed), without the lookup.
                 out = sample_execution(prof, st.u_work[rec.unit], seed)
