@@ -123,3 +123,30 @@ def test_unknown_policy() -> None:
         ConfigError, match="unknown policy 'heft'; known: cpls, greedy, random, sequential"
     ):
         make_policy("heft")
+
+
+@pytest.mark.parametrize("name", ["sequential", "greedy", "cpls"])
+def test_rule_engines_let_loop_detection_end_a_hopeless_session(name: str) -> None:
+    """A unit only one agent can run, failed there up to the loop limit: the rule engine
+    starts it there anyway and the environment ends the session as a loop (incomplete),
+    instead of the rule engine raising and taking a training run down with it."""
+    from podium.envs.swarm.simulator.env import EnvConfig
+    from podium.envs.swarm.spec import parse_pool, parse_task
+
+    pool = parse_pool(
+        {
+            "max_parallel": 2,
+            "agents": [{"name": "only", "kinds": {"*": {"speed": 1.0, "success": 0.02}}}],
+        }
+    )
+    task = parse_task({"name": "hopeless", "subtasks": [{"id": "a", "kind": "x", "work": 1.0}]})
+    env = SwarmEnv(task, pool, EnvConfig(max_subtasks=2, loop_retry_limit=3))
+    env.reset(seed=0)
+    policy = make_policy(name)
+    info: dict[str, object] = {}
+    for _ in range(50):
+        _, _, term, trunc, info = env.step(policy.act(env))
+        if term or trunc:
+            break
+    assert info["loop_detected"] is True and info["completed"] is False
+    assert "retry loop" in str(info["loop_reason"])

@@ -96,3 +96,22 @@ def test_generator_rejects_bad_arguments() -> None:
         generate_suite(3, 0, sizes=(10, 5))
     with pytest.raises(ConfigError, match="fraction"):
         held_out_split([], 1.5)
+
+
+def test_extra_kinds_are_mixed_in_at_their_rate_and_change_nothing_when_off() -> None:
+    from podium.envs.swarm.generator import DEFAULT_KINDS, GENERALIST_ONLY_KINDS
+
+    plain = generate_suite(40, seed=3, sizes=(10, 30))
+    assert plain == generate_suite(40, seed=3, sizes=(10, 30), extra_kinds=(), extra_kind_p=0.5)
+    mixed = generate_suite(
+        40, seed=3, sizes=(10, 30), extra_kinds=GENERALIST_ONLY_KINDS, extra_kind_p=0.2
+    )
+    kinds = [s.kind for t in mixed for s in t.subtasks]
+    share = sum(k in GENERALIST_ONLY_KINDS for k in kinds) / len(kinds)
+    assert 0.15 < share < 0.25, share
+    assert set(kinds) <= set(DEFAULT_KINDS) | set(GENERALIST_ONLY_KINDS)
+    # The default pool covers those kinds with its generalist alone.
+    pool = SubagentPool(default_pool())
+    for kind in GENERALIST_ONLY_KINDS:
+        able = [a for a in range(pool.num_agents) if pool.can_do(a, kind)]
+        assert able == [pool.generalist()], kind

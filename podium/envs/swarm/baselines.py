@@ -103,13 +103,24 @@ class RuleEngine:
 
     @staticmethod
     def _pick(state: SwarmState, slot: int, order: list[int]) -> int:
-        """First agent in ``order`` that can do the slot's kind and is not loop-blocked."""
+        """First agent in ``order`` that can do the slot's kind and is not loop-blocked.
+
+        When every capable agent is loop-blocked (a kind only the generalist covers, failed
+        ``loop_retry_limit`` times there), the first capable one: the environment's loop
+        detection then ends the session as incomplete, which is what happened; a rule engine
+        that raised instead would take the whole training run down with one unlucky session.
+        """
         kind = state.kind_of(slot)
+        capable = []
         for a in order:
             prof = state.pool.profile(a, kind)
-            if prof is not None and prof.success > 0 and RuleEngine._allowed(state, slot, a):
-                return a
-        raise ConfigError(f"no agent left to run subtask {state.task.subtasks[slot].id!r}")
+            if prof is not None and prof.success > 0:
+                if RuleEngine._allowed(state, slot, a):
+                    return a
+                capable.append(a)
+        if capable:
+            return capable[0]
+        raise ConfigError(f"no agent can run subtask {state.task.subtasks[slot].id!r}")
 
     @staticmethod
     def _idle(state: SwarmState) -> Command:

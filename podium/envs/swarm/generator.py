@@ -30,6 +30,10 @@ DEFAULT_KINDS: tuple[str, ...] = (
 )
 """Kinds the default pool covers with specialists."""
 
+GENERALIST_ONLY_KINDS: tuple[str, ...] = ("state", "mobile", "ml")
+"""Kinds the default pool runs on its generalist only (the login-system's ``state``); in the
+observation they share the "other" kind."""
+
 SHAPES: tuple[str, ...] = ("chain", "fanout", "diamond", "layered")
 """Shapes :func:`generate_task` knows."""
 
@@ -40,12 +44,20 @@ def _work(rng: random.Random) -> float:
 
 
 def _sub(
-    rng: random.Random, i: int, kinds: Sequence[str], deps: Sequence[int], split_p: float
+    rng: random.Random,
+    i: int,
+    kinds: Sequence[str],
+    deps: Sequence[int],
+    split_p: float,
+    extra_kinds: Sequence[str] = (),
+    extra_kind_p: float = 0.0,
 ) -> Subtask:
     work = _work(rng)
+    # No extra draw without extra kinds: the shipped library stays what it was generated as.
+    extra = bool(extra_kinds) and rng.random() < extra_kind_p
     return Subtask(
         id=f"t{i:02d}",
-        kind=rng.choice(list(kinds)),
+        kind=rng.choice(list(extra_kinds if extra else kinds)),
         work=work,
         deps=tuple(f"t{d:02d}" for d in deps),
         splittable=work >= 3.0 and rng.random() < split_p,
@@ -62,8 +74,16 @@ def generate_task(
     split_p: float = 0.5,
     name: str | None = None,
     max_parallel: int | None = None,
+    extra_kinds: Sequence[str] = (),
+    extra_kind_p: float = 0.0,
 ) -> TaskSpec:
-    """One task of ``shape`` with ``n`` subtasks (validated through :func:`parse_task`)."""
+    """One task of ``shape`` with ``n`` subtasks (validated through :func:`parse_task`).
+
+    ``extra_kinds`` are drawn instead of ``kinds`` with probability ``extra_kind_p`` per
+    subtask: kinds no specialist covers (see :data:`GENERALIST_ONLY_KINDS`), so a policy
+    trained on such suites has met the pool's "other" kind before a task like the
+    login-system's ``state`` subtask shows it one.
+    """
     if shape not in SHAPES:
         raise ConfigError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
     if n < 2:
@@ -101,7 +121,7 @@ def generate_task(
             if earlier:
                 recent = [j for j in earlier if layer_of[j] == layer_of[i] - 1] or earlier
                 deps[i] = sorted({rng.choice(recent), *(j for j in earlier if rng.random() < 0.08)})
-    subs = [_sub(rng, i, kinds, deps[i], split_p) for i in range(n)]
+    subs = [_sub(rng, i, kinds, deps[i], split_p, extra_kinds, extra_kind_p) for i in range(n)]
     task = TaskSpec(
         name=name or f"{shape}-{n}-s{seed}", subtasks=tuple(subs), max_parallel=max_parallel
     )
@@ -115,8 +135,11 @@ def generate_suite(
     sizes: tuple[int, int] = (5, 60),
     shapes: Sequence[str] = SHAPES,
     kinds: Sequence[str] = DEFAULT_KINDS,
+    extra_kinds: Sequence[str] = (),
+    extra_kind_p: float = 0.0,
 ) -> list[TaskSpec]:
-    """``n`` tasks of random shapes and sizes in ``[sizes[0], sizes[1]]``, names unique."""
+    """``n`` tasks of random shapes and sizes in ``[sizes[0], sizes[1]]``, names unique
+    (``extra_kinds`` / ``extra_kind_p``: see :func:`generate_task`)."""
     lo, hi = sizes
     if not 2 <= lo <= hi:
         raise ConfigError(f"sizes must satisfy 2 <= min <= max, got {sizes}")
@@ -127,7 +150,13 @@ def generate_suite(
         size = rng.randint(lo, hi)
         out.append(
             generate_task(
-                shape, size, rng.getrandbits(32), kinds=kinds, name=f"{shape}-{size}-{seed}-{i}"
+                shape,
+                size,
+                rng.getrandbits(32),
+                kinds=kinds,
+                name=f"{shape}-{size}-{seed}-{i}",
+                extra_kinds=extra_kinds,
+                extra_kind_p=extra_kind_p,
             )
         )
     return out

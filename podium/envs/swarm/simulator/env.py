@@ -458,7 +458,7 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         self._obs[g : g + 2] = 0.0
         try:
             cmd = self._advisor.decide(state)
-        except ConfigError:  # no agent left that keeps clear of loop detection: no advice
+        except ConfigError:  # no agent of the pool can run a kind of this task: no advice
             return
         if cmd.type == START:
             row = rows[cmd.slot]
