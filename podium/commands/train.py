@@ -27,7 +27,7 @@ def _positive(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``podium train`` (defaults take about 18 CPU-minutes)."""
+    """Options of ``podium train`` (defaults take about 17 CPU-minutes)."""
     parser.add_argument(
         "--run-dir",
         type=Path,

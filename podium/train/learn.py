@@ -174,7 +174,7 @@ def behaviour_cloning(
             target_v = torch.from_numpy(np.array([returns[e][t] for e, t in idx], dtype=np.float32))
             ce = torch.nn.functional.cross_entropy(logits, b.actions)
             loss = ce + 0.5 * ((values - target_v) ** 2).mean()
-            agent.net.zero_grad(set_to_none=True)
+            opt.zero_grad()
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(agent.net.parameters(), 1.0)
             opt.step()

@@ -16,7 +16,7 @@ Roles, and what travels between them on the bus (in-process by default, Kafka wi
    decisions; reward_svc scores them (PARL / multi-objective / multi-stage, detectors); the
    learner decodes the scored trajectories, runs one PPO update (the environment's
    −Δclock/bound shaping plus the reward service's total at the end of each session, plus
-   the rollout baseline: cpls's latency/bound on the same (task, seed), common random
+   the rollout baseline: minus cpls's return on the same (task, seed), common random
    numbers),
    publishes the new weights as safetensors with their sha256 and announces them; the actor
    verifies and hot-swaps to them before its next batch. The policy lag is therefore 0 here;
@@ -70,7 +70,7 @@ from podium.v1 import envelope_pb2, reward_pb2, trajectory_pb2
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
-    """Everything ``podium train`` needs. The defaults take about 18 CPU-minutes (single-threaded)."""
+    """Everything ``podium train`` needs. The defaults take about 17 CPU-minutes (single-threaded)."""
 
     run_dir: Path = Path("runs/latest")
     """Where TensorBoard logs, checkpoints, report.html and summary.json go."""

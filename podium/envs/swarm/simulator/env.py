@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -58,6 +58,9 @@ from podium.envs.swarm.state import (
     SwarmState,
 )
 from podium.errors import ConfigError
+
+if TYPE_CHECKING:
+    from podium.envs.swarm.baselines import CplsPolicy
 
 START, WAIT, FINISH = 1, 2, 3
 """Action types (same numbering as podium.v1.ActionType)."""
@@ -262,9 +265,10 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         self._base = 4 + K
         # Advice columns: [advised, agent one-hot (A), split one-hot (3)] at the end of a row.
         self._advice_col = 14 + K + A
-        self._dynamic_end = self._advice_col
+        # ... and [advised WAIT, advised FINISH] at the end of the globals.
+        self._advice_global = self.layout.globals_end - 2
         self._advised_slot = -1
-        self._advisor: Any = None
+        self._advisor: CplsPolicy | None = None
         if self.config.rule_advice:
             # Imported here: the rule engines are written against this module.
             from podium.envs.swarm.baselines import CplsPolicy
@@ -423,7 +427,7 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
             unmet = state.unmet[i]
             runnable = runnable_of[i] > 0
             k = state.split_k[i]
-            rows[i, base : self._dynamic_end] = (
+            rows[i, base : self._advice_col] = (
                 1.0 if unmet > 0 else 0.0,
                 1.0 if unmet == 0 else 0.0,
                 1.0 if runnable else 0.0,
@@ -454,7 +458,7 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         if self._advised_slot >= 0:
             rows[self._advised_slot, col:] = 0.0
             self._advised_slot = -1
-        g = self.layout.globals_end - 2
+        g = self._advice_global
         self._obs[g : g + 2] = 0.0
         try:
             cmd = self._advisor.decide(state)
