@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from podium.cli import main
+from podium_app.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main(["bench", "env", *sys.argv[1:]]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from learner_svc.app import SERVICE, LearnerApp
 from learner_svc.config import LearnerConfig
 from podium.bus import connect
@@ -9,6 +11,9 @@ from podium.bus.base import Bus
 from podium.config import from_env
 from podium.service import App, default_instance_name, run_standalone, setup_logging
 from podium.telemetry import setup_tracing
+
+if TYPE_CHECKING:
+    from learner_svc.loop import LearningLoop
 
 
 def load() -> tuple[App, Bus]:
@@ -18,12 +23,22 @@ def load() -> tuple[App, Bus]:
     provider = setup_tracing(SERVICE, set_global=True)
     bus = connect(config.bus_url)
     if config.mode == "swarm":
-        # Imported here: torch and the policy network are only needed in this mode.
-        from learner_svc.swarm import SwarmLearnerApp
+        from learner_svc.loop import LoopApp  # torch: only this mode needs it
 
-        instance = config.instance or default_instance_name(SERVICE)
-        return SwarmLearnerApp(config, bus, instance=instance), bus
+        return LoopApp(swarm_loop(config, bus), shutdown_timeout_s=config.shutdown_timeout_s), bus
     return LearnerApp(config, bus, tracer_provider=provider), bus
+
+
+def swarm_loop(config: LearnerConfig, bus: Bus) -> LearningLoop[Any]:
+    """The learning loop with the swarm algorithm, both configured from the environment."""
+    from learner_svc.algorithms.swarm import SwarmPPO, SwarmSettings
+    from learner_svc.config import LoopSettings
+    from learner_svc.loop import LearningLoop
+
+    loop_settings = from_env(LoopSettings)
+    algorithm = SwarmPPO.from_settings(from_env(SwarmSettings))
+    instance = config.instance or default_instance_name(SERVICE)
+    return LearningLoop(loop_settings.loop_config(config, instance), algorithm, bus)
 
 
 if __name__ == "__main__":

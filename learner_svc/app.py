@@ -20,7 +20,7 @@ from podium import topics
 from podium.bus.base import Bus, Record
 from podium.bus.consumer import EventConsumer
 from podium.codec import unpack_as
-from podium.service import default_instance_name
+from podium.service import ServiceShell, default_instance_name
 from podium.v1 import envelope_pb2, reward_pb2
 
 _log = logging.getLogger(__name__)
@@ -85,30 +85,31 @@ class LearnerApp:
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(SERVICE)
         self.stats = LearnerStats()
         self._received = asyncio.Condition()
-        self.consumer = EventConsumer(
-            bus,
-            [topics.SCORED_TRAJECTORIES],
-            config.group_id,
-            self._handle,
-            producer_name=self.instance,
-            max_batch=config.batch_max,
-            partitions=config.topic_partitions,
+        self.shell = ServiceShell(SERVICE, shutdown_timeout_s=config.shutdown_timeout_s)
+        """Runs the consumer and stops it gracefully (:class:`podium.service.ServiceShell`)."""
+        self.consumer = self.shell.add(
+            EventConsumer(
+                bus,
+                [topics.SCORED_TRAJECTORIES],
+                config.group_id,
+                self._handle,
+                producer_name=self.instance,
+                max_batch=config.batch_max,
+                partitions=config.topic_partitions,
+            )
         )
-        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self.consumer.start()
-        self._task = asyncio.create_task(self.consumer.run(), name=f"{SERVICE}.consume")
+        """Join the group on the scored-trajectory topic and start consuming."""
+        await self.shell.start()
 
     async def stop(self) -> None:
         """Stop fetching, finish and commit the batch in hand, leave the group."""
-        await self.consumer.stop(timeout_s=self.config.shutdown_timeout_s)
-        if self._task is not None:
-            await asyncio.wait({self._task}, timeout=self.config.shutdown_timeout_s)
+        await self.shell.stop()
 
     async def wait(self) -> None:
-        if self._task is not None:
-            await self._task
+        """Return when consuming has ended; raise if the consumer crashed."""
+        await self.shell.wait()
 
     async def wait_for(self, count: int, timeout_s: float) -> None:
         """Wait until ``count`` trajectories were received (for drivers and tests)."""

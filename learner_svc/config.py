@@ -1,10 +1,19 @@
-"""Settings of learner_svc, read from the environment by ``python -m learner_svc``."""
+"""Settings of learner_svc, read from the environment by ``python -m learner_svc``.
+
+Two modes, each with its own settings class so neither carries the other's fields:
+
+* ``PODIUM_LEARNER_MODE=swarm``: the learning loop (:class:`LoopSettings`, this module) with
+  the swarm algorithm (:class:`learner_svc.algorithms.swarm.SwarmSettings`);
+* ``stats`` (default): an observer that only accounts for what it receives (:class:`LearnerConfig`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from podium.config import ServiceConfig, env, positive_float, positive_int
+from podium import topics
+from podium.config import ServiceConfig, env, positive_int
 from podium.errors import ConfigError
 
 MODES = ("stats", "swarm")
@@ -32,63 +41,85 @@ def non_negative_int(raw: str) -> int:
 
 @dataclass(frozen=True)
 class LearnerConfig(ServiceConfig):
-    """learner_svc settings (plus the shared ones of :class:`podium.config.ServiceConfig`)."""
+    """learner_svc settings every mode has (plus the shared ones of
+    :class:`podium.config.ServiceConfig`)."""
 
+    mode: str = env("PODIUM_LEARNER_MODE", default="stats", parse=learner_mode)
+    """``stats``: account for scored trajectories only; ``swarm``: run the learning loop with
+    the swarm algorithm (train the orchestrator's policy and publish its versions)."""
     group_id: str = env("PODIUM_GROUP_ID", default="learner")
     """Consumer group of the learner on the scored-trajectory topic."""
     batch_max: int = env("PODIUM_BATCH_MAX", default=100, parse=positive_int)
-    """Most scored trajectories fetched (and committed) at once."""
+    """Most scored trajectories fetched (and, in stats mode, committed) at once."""
     log_every: int = env("PODIUM_LEARNER_LOG_EVERY", default=1, parse=positive_int)
-    """Log a summary line every this many trajectories."""
-    mode: str = env("PODIUM_LEARNER_MODE", default="stats", parse=learner_mode)
-    """``stats``: account for scored trajectories only; ``swarm``: train the orchestrator's
-    swarm policy with PPO and publish its versions (:mod:`learner_svc.swarm`)."""
-    artifacts_dir: str = env("PODIUM_LEARNER_ARTIFACTS", default="")
-    """Swarm mode (required): root of published versions,
-    ``<root>/swarm_policy/<version>/weights.safetensors``; orchestrators must be able to read it."""
-    checkpoint_dir: str = env("PODIUM_LEARNER_CHECKPOINT_DIR", default="")
-    """Swarm mode (required): where the atomic checkpoint (weights, optimizer, offsets) lives."""
-    init: str = env("PODIUM_LEARNER_INIT", default="")
-    """Swarm mode: a swarm policy (safetensors, e.g. a behaviour-cloning result) to start from
-    as version 0 when there is no checkpoint; empty = a freshly initialised network."""
-    batch_trajectories: int = env("PODIUM_LEARNER_BATCH", default=32, parse=positive_int)
-    """Swarm mode: on-policy trajectories per PPO update (one new version each)."""
-    max_policy_lag: int = env("PODIUM_LEARNER_MAX_LAG", default=2, parse=non_negative_int)
-    """Swarm mode: η, trajectories of a version more than this many versions old are dropped."""
-    learning_rate: float = env("PODIUM_LEARNER_LR", default=3e-4, parse=positive_float)
-    """Swarm mode: Adam learning rate at the start of the cosine schedule."""
-    learning_rate_end: float = env("PODIUM_LEARNER_LR_END", default=3e-5, parse=positive_float)
-    """Swarm mode: learning rate at the end of the schedule."""
-    total_updates: int = env("PODIUM_LEARNER_TOTAL_UPDATES", default=100, parse=positive_int)
-    """Swarm mode: updates over which the learning-rate and entropy schedules run."""
-    seed: int = env("PODIUM_LEARNER_SEED", default=0, parse=non_negative_int)
-    """Swarm mode: seed of a fresh network and of the minibatch shuffling."""
-    max_subtasks: int = env("PODIUM_LEARNER_MAX_SUBTASKS", default=64, parse=positive_int)
-    """Swarm mode: environment slot count S stored with each version (orchestrators run its
-    sessions with the same S)."""
-    pool_spec: str = env("PODIUM_POOL_SPEC", default="")
-    """Swarm mode: pool spec file (JSON/YAML); empty = the shipped default. Must be the pool the
-    orchestrator schedules for (the action layout depends on its agents)."""
-    tensorboard_dir: str = env("PODIUM_LEARNER_TB", default="")
-    """Swarm mode: TensorBoard log directory; empty = none."""
-    model_repository: str = env("PODIUM_MODEL_REPOSITORY", default="")
-    """Swarm mode: Triton model repository to export every published version >= 1 into
-    (``<repo>/swarm_policy/<version>/model.onnx``, announced as ``onnx_uri`` /
-    ``onnx_sha256``), for orchestrators with a served backend; empty = no export. The
-    KServe-V2 server must serve this directory, and those orchestrators read it too."""
+    """Stats mode: log a summary line every this many trajectories."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    """Settings of the learning loop (the algorithm has its own)."""
+
+    checkpoint_dir: Path
+    """Where ``checkpoint.json`` and its tensor file live (one learner per directory)."""
+    topic: str = topics.SCORED_TRAJECTORIES
+    """Topic of scored trajectories to consume."""
+    policy_topic: str = topics.POLICY_UPDATES
+    """Topic to announce new versions on."""
+    group_id: str = "learner"
+    """Consumer group (its committed offsets trail the checkpoint's, never lead them)."""
+    client_id: str = "learner_svc"
+    """Client id / producer name on the bus."""
+    batch_trajectories: int = 16
+    """Usable trajectories per update."""
+    max_policy_lag: int = 2
+    """η: trajectories whose acting policy is more than this many versions old are dropped."""
+    publish_every: int = 1
+    """Publish a new policy version every this many updates."""
+    fetch_max: int = 100
+    """Most records fetched at once."""
+    fetch_timeout_s: float = 0.5
+    """How long one fetch waits for records."""
+    idle_flush_s: float = 0.0
+    """Train on a partial batch after this long without new records (0: only full batches)."""
+    keep_ledger: bool = True
+    """Keep every trained trajectory id in the checkpoint (proof of exactly-once; grows with
+    the stream, so production deployments may turn it off and keep the counters only)."""
+    log_dir: Path | None = None
+    """TensorBoard directory, or None."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.mode == "swarm":
-            missing = [
-                var
-                for var, value in (
-                    ("PODIUM_LEARNER_ARTIFACTS", self.artifacts_dir),
-                    ("PODIUM_LEARNER_CHECKPOINT_DIR", self.checkpoint_dir),
-                )
-                if not value
-            ]
-            if missing:
-                raise ConfigError(
-                    f"PODIUM_LEARNER_MODE=swarm needs {' and '.join(missing)} (a directory)"
-                )
+        for name in ("batch_trajectories", "publish_every", "fetch_max"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_policy_lag < 0:
+            raise ConfigError(f"LoopConfig.max_policy_lag must be >= 0, got {self.max_policy_lag}")
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The learning loop's settings (``PODIUM_LEARNER_MODE=swarm``)."""
+
+    checkpoint_dir: str = env("PODIUM_LEARNER_CHECKPOINT_DIR")
+    """Where the atomic checkpoint (weights, optimizer, offsets) lives."""
+    batch_trajectories: int = env("PODIUM_LEARNER_BATCH", default=32, parse=positive_int)
+    """On-policy trajectories per update (one new version each)."""
+    max_policy_lag: int = env("PODIUM_LEARNER_MAX_LAG", default=2, parse=non_negative_int)
+    """η: trajectories of a version more than this many versions old are dropped."""
+    tensorboard_dir: str = env("PODIUM_LEARNER_TB", default="")
+    """TensorBoard log directory; empty = none."""
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint_dir:
+            raise ConfigError("PODIUM_LEARNER_CHECKPOINT_DIR: the learning loop needs a directory")
+
+    def loop_config(self, service: LearnerConfig, client_id: str) -> LoopConfig:
+        """The :class:`LoopConfig` these settings and the service's shared ones give."""
+        return LoopConfig(
+            checkpoint_dir=Path(self.checkpoint_dir),
+            group_id=service.group_id,
+            client_id=client_id,
+            batch_trajectories=self.batch_trajectories,
+            max_policy_lag=self.max_policy_lag,
+            fetch_max=service.batch_max,
+            log_dir=Path(self.tensorboard_dir) if self.tensorboard_dir else None,
+        )

@@ -1,23 +1,28 @@
-"""``python -m orchestrator_svc``: the orchestrator process (configured from the environment)."""
+"""``python -m orchestrator_svc``: the orchestrator process (configured from the environment).
+
+Settings come from ``OrchestratorConfig`` (fails fast, exit 2, naming the variable); the
+process serves SessionService (with its own health) on ``PODIUM_GRPC_PORT`` and
+``grpc.health.v1`` on ``PODIUM_HEALTH_PORT``, and stops gracefully on SIGTERM
+(:func:`podium.service.run_standalone`).
+"""
 
 from __future__ import annotations
 
+from opentelemetry.sdk.trace import TracerProvider
+
 from orchestrator_svc.app import SERVICE, OrchestratorApp
 from orchestrator_svc.config import OrchestratorConfig
-from podium.bus import connect
 from podium.bus.base import Bus
-from podium.config import from_env
-from podium.service import App, run_standalone, setup_logging
-from podium.telemetry import setup_tracing
+from podium.service import run_standalone, standalone_loader
 
 
-def load() -> tuple[App, Bus]:
-    """Config from the environment (fails fast naming the variable), then the app."""
-    config = from_env(OrchestratorConfig)
-    setup_logging(config.log_level)
-    provider = setup_tracing(SERVICE, set_global=True)
-    bus = connect(config.bus_url)
-    return OrchestratorApp(config, bus, tracer_provider=provider), bus
+def build(config: OrchestratorConfig, bus: Bus, provider: TracerProvider) -> OrchestratorApp:
+    """The orchestrator app for ``config`` on ``bus``."""
+    return OrchestratorApp(config, bus, tracer_provider=provider)
+
+
+load = standalone_loader(SERVICE, OrchestratorConfig, build)
+"""Config from the environment, then logging, tracing, the bus and the app."""
 
 
 if __name__ == "__main__":

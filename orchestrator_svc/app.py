@@ -38,14 +38,14 @@ from orchestrator_svc.session import Session, SessionHandle, SessionSettings
 from orchestrator_svc.specs import validate_task
 from podium import topics
 from podium.bus.base import Bus, Record, TopicSpec
-from podium.bus.consumer import EventConsumer, EventPublisher
+from podium.bus.consumer import EventConsumer, EventPublisher, Handler
 from podium.codec import unpack_as
+from podium.envs.swarm.env import EnvConfig, SwarmEnv
 from podium.envs.swarm.pool import SubagentPool
-from podium.envs.swarm.simulator.env import EnvConfig, SwarmEnv
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, default_pool, load_pool, parse_task
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.errors import ConfigError, ProcessingError, SpecError
-from podium.service import default_instance_name
+from podium.service import ServiceShell, default_instance_name
 from podium.serving.endpoint import parse_backend
 from podium.telemetry import TracingServerInterceptor
 from podium.v1 import envelope_pb2, reward_pb2, session_service_pb2, subtask_pb2, task_pb2
@@ -72,6 +72,16 @@ def _probe_task(pool: PoolSpec) -> TaskSpec:
     )
 
 
+def _pool_spec(config: OrchestratorConfig, pool: PoolSpec | None) -> PoolSpec:
+    """``pool`` if given, else the pool ``PODIUM_POOL_SPEC`` names (default: the shipped one)."""
+    if pool is not None:
+        return pool
+    try:
+        return load_pool(config.pool_spec) if config.pool_spec else default_pool()
+    except SpecError as exc:
+        raise ConfigError(f"PODIUM_POOL_SPEC={config.pool_spec!r}: {exc}") from exc
+
+
 class OrchestratorApp:
     """The orchestrator process (or embedded task)."""
 
@@ -93,35 +103,11 @@ class OrchestratorApp:
         self.config = config
         self.bus = bus
         self.instance = config.instance or default_instance_name(SERVICE)
-        try:
-            spec = (
-                pool
-                if pool is not None
-                else (load_pool(config.pool_spec) if config.pool_spec else default_pool())
-            )
-        except SpecError as exc:
-            raise ConfigError(f"PODIUM_POOL_SPEC={config.pool_spec!r}: {exc}") from exc
-        self.pool_spec = spec
-        self.pool = SubagentPool(spec)
+        self.pool_spec = _pool_spec(config, pool)
+        self.pool = SubagentPool(self.pool_spec)
         self.learned: LearnedPolicySource | None = None
         """The learned policy's versions (``PODIUM_POLICY=learned``), else None."""
-        if policy is None and config.policy == LEARNED:
-            # Imported here: torch and the policy network are only needed in this mode.
-            import torch
-
-            from orchestrator_svc.learned import LearnedPolicySource
-
-            # Decisions are single small forward passes: one thread keeps their latency low
-            # and leaves the other cores to the services beside this one.
-            torch.set_num_threads(1)
-            self.learned = LearnedPolicySource(
-                tuple(self.pool.agent_names),
-                default_max_subtasks=config.policy_max_subtasks,
-                sample_prefixes=config.policy_sample_from,
-                backend=self._served_backend(config),
-            )
-            policy = self.learned.cold_start
-        self.policy = policy if policy is not None else make_policy(config.policy)
+        self.policy = self._scheduling_policy(policy)
         provider = tracer_provider or trace.get_tracer_provider()
         self.tracer = provider.get_tracer(SERVICE)
         self.on_event = on_event
@@ -131,44 +117,9 @@ class OrchestratorApp:
             result_timeout_s=config.session_timeout_s,
             max_decisions=config.max_decisions,
         )
-        self.tasks_consumer = EventConsumer(
-            bus,
-            [topics.TASKS],
-            f"{config.group_id}.tasks",
-            self._on_task,
-            max_batch=16,
-            producer_name=self.instance,
-            partitions=config.topic_partitions,
-        )
-        self.results_consumer = EventConsumer(
-            bus,
-            [topics.SUBTASK_RESULTS],
-            f"{config.group_id}.results",
-            self._on_result,
-            producer_name=self.instance,
-            partitions=config.topic_partitions,
-        )
-        self.scores_consumer = EventConsumer(
-            bus,
-            [topics.SCORED_TRAJECTORIES],
-            f"{config.group_id}.scores",
-            self._on_score,
-            producer_name=self.instance,
-            partitions=config.topic_partitions,
-        )
-        # Every replica loads every version, so each has its own group on the policy topic.
-        self.policy_consumer = (
-            EventConsumer(
-                bus,
-                [topics.POLICY_UPDATES],
-                f"{config.group_id}.policy.{self.instance}",
-                self._on_policy,
-                producer_name=self.instance,
-                partitions=config.topic_partitions,
-            )
-            if self.learned is not None
-            else None
-        )
+        self.shell = ServiceShell(SERVICE, shutdown_timeout_s=config.shutdown_timeout_s)
+        """Runs the consumers and stops them within one deadline (:mod:`podium.service`)."""
+        self._add_consumers()
         self.serve_grpc = serve_grpc
         # Built in start(): a grpc.aio server binds to the event loop it is created in.
         self.grpc: GrpcServer | None = None
@@ -177,27 +128,81 @@ class OrchestratorApp:
         self._by_request: dict[str, str] = {}
         self._slots = asyncio.Semaphore(config.max_sessions)
         self._session_tasks: set[asyncio.Task[None]] = set()
-        self._consumer_tasks: list[asyncio.Task[None]] = []
         self.sessions_finished = 0
+
+    def _scheduling_policy(self, policy: SchedulingPolicy | None) -> SchedulingPolicy:
+        """``policy`` if given; else the learned policy's cold start (``PODIUM_POLICY=learned``,
+        which also sets :attr:`learned`), else the rule engine ``PODIUM_POLICY`` names."""
+        if policy is not None:
+            return policy
+        if self.config.policy != LEARNED:
+            return make_policy(self.config.policy)
+        # Imported here: torch and the policy network are only needed in this mode.
+        import torch
+
+        from orchestrator_svc.learned import LearnedPolicySource
+
+        # Decisions are single small forward passes: one thread keeps their latency low
+        # and leaves the other cores to the services beside this one.
+        torch.set_num_threads(1)
+        self.learned = LearnedPolicySource(
+            tuple(self.pool.agent_names),
+            default_max_subtasks=self.config.policy_max_subtasks,
+            sample_prefixes=self.config.policy_sample_from,
+            backend=self._served_backend(self.config),
+        )
+        return self.learned.cold_start
+
+    def _consumer(
+        self, topic: str, group_id: str, handler: Handler, *, max_batch: int = 100
+    ) -> EventConsumer:
+        """A consumer of ``topic`` in ``group_id``, added to the shell (started in this order)."""
+        return self.shell.add(
+            EventConsumer(
+                self.bus,
+                [topic],
+                group_id,
+                handler,
+                max_batch=max_batch,
+                producer_name=self.instance,
+                partitions=self.config.topic_partitions,
+            )
+        )
+
+    def _add_consumers(self) -> None:
+        """The consumers, in start order: results and scores before intake, so that the first
+        session's results already have a consumer when its subtasks go out."""
+        group = self.config.group_id
+        self.results_consumer = self._consumer(
+            topics.SUBTASK_RESULTS, f"{group}.results", self._on_result
+        )
+        self.scores_consumer = self._consumer(
+            topics.SCORED_TRAJECTORIES, f"{group}.scores", self._on_score
+        )
+        # Every replica loads every version, so each has its own group on the policy topic.
+        self.policy_consumer = (
+            self._consumer(
+                topics.POLICY_UPDATES, f"{group}.policy.{self.instance}", self._on_policy
+            )
+            if self.learned is not None
+            else None
+        )
+        self.tasks_consumer = self._consumer(
+            topics.TASKS, f"{group}.tasks", self._on_task, max_batch=16
+        )
 
     def _served_backend(self, config: OrchestratorConfig) -> ServedPolicy | None:
         """The KServe-V2 client when ``PODIUM_POLICY_BACKEND=v2://...``, else None (torch)."""
         address = parse_backend(config.policy_backend)
         if address is None:
             return None
+        from podium.policy.swarm import MODEL_NAME, layout_signature
         from podium.serving.backends import ServedPolicy
-        from podium.serving.contract import CONTROL_ACTIONS, PolicySignature
-        from podium.train.policy import MODEL_NAME
 
         # The tensor sizes every served version must accept, from this pool's environment
         # layout; ServedPolicy checks each request against them before sending it.
         probe = SwarmEnv([_probe_task(self.pool_spec)], self.pool, EnvConfig(max_subtasks=1))
-        layout = probe.layout
-        signature = PolicySignature(
-            subtask_features=layout.slot_features,
-            global_features=layout.size - layout.slots_end,
-            actions_per_subtask=probe.codec.size - CONTROL_ACTIONS,  # one slot
-        )
+        signature = layout_signature(probe.layout)
         return ServedPolicy(address, MODEL_NAME, signature, timeout_s=config.serving_timeout_s)
 
     @property
@@ -208,6 +213,8 @@ class OrchestratorApp:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        """Check the policy server (served backend), create the topics this service writes,
+        start the consumers, then open gRPC intake."""
         backend = self.learned.backend if self.learned is not None else None
         if backend is not None:
             await self._await_server(backend)
@@ -218,14 +225,7 @@ class OrchestratorApp:
                 for t in (topics.SUBTASKS_ASSIGNED, topics.TRAJECTORIES, topics.FEEDBACK)
             ]
         )
-        consumers = [self.results_consumer, self.scores_consumer]
-        if self.policy_consumer is not None:
-            consumers.append(self.policy_consumer)
-        for consumer in (*consumers, self.tasks_consumer):
-            await consumer.start()
-            self._consumer_tasks.append(
-                asyncio.create_task(consumer.run(), name=f"{SERVICE}.{consumer.group_id}")
-            )
+        await self.shell.start()
         if self.serve_grpc:
             self.grpc = GrpcServer(
                 self,
@@ -257,42 +257,33 @@ class OrchestratorApp:
         within the shutdown timeout, then stop the result and score consumers."""
         # One deadline for the whole shutdown, so it is bounded by PODIUM_SHUTDOWN_TIMEOUT_S
         # (plus a floor per phase to commit what is in hand), not by a sum of per-phase waits.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.shutdown_timeout_s
-
-        def left(floor: float = 1.0) -> float:
-            return max(deadline - loop.time(), floor)
-
+        deadline = self.shell.deadline()
         if self.grpc is not None:
             await self.grpc.set_serving(False)
-        await self.tasks_consumer.stop(timeout_s=left())
-        if self._session_tasks:
-            _, pending = await asyncio.wait(set(self._session_tasks), timeout=left(0.0))
-            for t in pending:
-                t.cancel()
-            for t in pending:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
-        await asyncio.gather(
-            self.results_consumer.stop(timeout_s=left()),
-            self.scores_consumer.stop(timeout_s=left()),
-            *(
-                [self.policy_consumer.stop(timeout_s=left())]
-                if self.policy_consumer is not None
-                else []
-            ),
-        )
+        await self.shell.stop(self.tasks_consumer, deadline=deadline)
+        await self._drain_sessions(deadline.left(0.0))
+        # Results were still consumed while sessions drained; now the rest may stop.
+        await self.shell.stop(deadline=deadline)
         if self.grpc is not None:
-            await self.grpc.stop(grace_s=min(left(), 5.0))
-        await asyncio.wait(self._consumer_tasks, timeout=left())
+            await self.grpc.stop(grace_s=min(deadline.left(), 5.0))
         if self.learned is not None and self.learned.backend is not None:
             self.learned.backend.close()
 
+    async def _drain_sessions(self, timeout_s: float) -> None:
+        """Let running sessions finish for up to ``timeout_s``, then cancel the rest (their
+        TaskSubmitted stays in the log; a session is deterministic given its seed)."""
+        if not self._session_tasks:
+            return
+        _, pending = await asyncio.wait(set(self._session_tasks), timeout=timeout_s)
+        for t in pending:
+            t.cancel()
+        for t in pending:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
     async def wait(self) -> None:
-        if self._consumer_tasks:
-            done, _ = await asyncio.wait(self._consumer_tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for t in done:
-                t.result()
+        """Return when the consumers have ended; raise if one crashed."""
+        await self.shell.wait()
 
     # ------------------------------------------------------------------ SessionBackend
 

@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from orchestrator_svc.session import SessionHandle
 from podium.errors import BusError, SpecError
+from podium.service import health_status
 from podium.telemetry import TracingServerInterceptor
 from podium.v1 import reward_pb2, session_service_pb2, session_service_pb2_grpc, task_pb2
 
@@ -189,11 +190,7 @@ class GrpcServer:
 
     async def set_serving(self, serving: bool) -> None:
         """Report SERVING / NOT_SERVING for the whole server and for SessionService."""
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        status = health_status(serving)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
 

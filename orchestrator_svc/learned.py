@@ -2,7 +2,7 @@
 the training tensors every learned session records.
 
 :class:`LearnedPolicySource` holds a :class:`~podium.policy.holder.PolicyHolder` of swarm
-policies (built by :func:`podium.train.policy.build_swarm_policy`) and is fed by the
+policies (built by :func:`podium.policy.swarm.build_swarm_policy`) and is fed by the
 orchestrator's ``PolicyUpdated`` consumer. It hands each *session* a policy:
 
 * before any version has loaded, the cold-start rule engine (cpls), whose decisions and
@@ -16,10 +16,12 @@ Training sessions (``TaskSubmitted.submitted_by`` starting with one of the confi
 prefixes, ``trainer`` by default) *sample* from the policy, so PPO sees the exploration its
 log-probabilities describe; every other session (live gRPC traffic, evaluation) takes the
 argmax. Each learned session records, per decision, exactly what the embedded trainer records
-(:func:`podium.train.rollout.run_episodes`): the observation trimmed to the task's subtasks,
-the trimmed action mask, the action in the trimmed layout, log π(a|s) and V(s). The trajectory
-gets them through :func:`podium.train.episodes.episode_to_decisions`, so a trajectory from
-this service and one from the embedded path are byte-identical for the same session.
+(:func:`podium.policy.rollout.run_episodes`), with the same
+:class:`~podium.policy.decisions.EpisodeRecorder`: the observation trimmed to the task's
+subtasks, the trimmed action mask, the action in the trimmed layout, log π(a|s) and V(s). The
+session's trajectory gets them as a :class:`~orchestrator_svc.policy.TrainingRecord`, so a
+trajectory from this service and one from the embedded path are byte-identical for the same
+session.
 
 Where the network runs is ``PODIUM_POLICY_BACKEND``: ``local`` (above), or ``v2://HOST:PORT``,
 a KServe-V2 server: the source then has a :class:`~podium.serving.backends.ServedPolicy`, a
@@ -35,25 +37,25 @@ import asyncio
 import logging
 import random
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from orchestrator_svc.policy import PolicyStep, RulePolicy, SchedulingPolicy
-from podium.envs.swarm import baselines
-from podium.envs.swarm.simulator.env import EnvConfig, SwarmEnv
+from orchestrator_svc.policy import TrainingRecord
+from podium.envs.swarm import EnvConfig, PolicyStep, Rng, SchedulingPolicy, SwarmEnv, baselines
 from podium.errors import ArtifactError, ProcessingError
+from podium.policy.agent import ActResult, SwarmAgent, guard_mask
 from podium.policy.artifacts import LoadedWeights, load_weights, path_from_uri
+from podium.policy.decisions import EpisodeRecorder
 from podium.policy.holder import PolicyHolder, Served
 from podium.policy.network import SwarmPolicyNet
+from podium.policy.swarm import MODEL_NAME, build_swarm_policy
 from podium.serving.contract import PolicyInputs, PolicyOutputs
-from podium.train.agent import ActResult, SwarmAgent, guard_mask
-from podium.train.episodes import Episode, episode_to_decisions
-from podium.train.policy import MODEL_NAME, build_swarm_policy
-from podium.v1 import reward_pb2, task_pb2, trajectory_pb2
+from podium.v1 import reward_pb2, task_pb2
 
 if TYPE_CHECKING:
     from podium.serving.backends import PolicyBackend, ServedPolicy
@@ -91,9 +93,7 @@ class SessionLearnedPolicy:
         # Sampling is seeded by the session seed: a replayed session samples the same actions.
         self.generator = torch.Generator().manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
         self._agent: SwarmAgent | None = None
-        self._rec: dict[str, list[NDArray[np.generic] | float | int]] = {
-            k: [] for k in ("slots", "globals", "masks", "actions", "log_probs", "values")
-        }
+        self._recorder: EpisodeRecorder | None = None
 
     def env_config(self, n_subtasks: int) -> EnvConfig:
         """The environment configuration the policy was trained with (the embedded trainer's:
@@ -111,10 +111,11 @@ class SessionLearnedPolicy:
                     f"the pool has {list(env.layout.agents)}"
                 )
             self._agent = SwarmAgent(env.layout, net=policy.net)
+            self._recorder = EpisodeRecorder(env.layout, env.codec, len(env.task.subtasks))
         return self._agent
 
     def _observe(
-        self, env: SwarmEnv, obs: NDArray[np.float32]
+        self, env: SwarmEnv
     ) -> tuple[SwarmAgent, NDArray[np.float32], NDArray[np.bool_], int]:
         """(agent, observation batch [1, size], guarded mask batch [1, A], subtask count)."""
         agent = self._bind(env)
@@ -123,61 +124,42 @@ class SessionLearnedPolicy:
         # A writable float32 copy: the environment's observation is a read-only view.
         return (
             agent,
-            np.array(obs, dtype=np.float32)[None, :],
+            np.array(env.observation(), dtype=np.float32)[None, :],
             mask[None, :],
             len(env.task.subtasks),
         )
 
-    def act(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep:
-        agent, obs_b, mask_b, n = self._observe(env, obs)
+    def act(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
+        """The policy's decision (sampled from the session's own generator; ``rng`` unused)."""
+        agent, obs_b, mask_b, n = self._observe(env)
         res = agent.act(obs_b, mask_b, n, greedy=not self.sample, generator=self.generator)
-        return self._record(env, obs, mask_b[0], res)
+        return self._record(obs_b[0], mask_b[0], res)
 
     def _record(
-        self, env: SwarmEnv, obs: NDArray[np.float32], mask: NDArray[np.bool_], res: ActResult
+        self, obs: NDArray[np.float32], mask: NDArray[np.bool_], res: ActResult
     ) -> PolicyStep:
         """Record one decision's training tensors; return it as a :class:`PolicyStep`."""
-        layout = env.layout
-        n = len(env.task.subtasks)
-        S, F = layout.max_subtasks, layout.slot_features
-        per_slot = len(layout.agents) * 3
-        a = int(res.actions[0])
-        # The same trimming as podium.train.rollout.run_episodes (padding slots carry nothing).
-        rec = self._rec
-        rec["slots"].append(obs[: S * F].reshape(S, F)[:n].copy())
-        rec["globals"].append(obs[S * F :].copy())
-        rec["masks"].append(np.concatenate([mask[: n * per_slot], mask[-2:]]))
-        rec["actions"].append(a if a < S * per_slot else n * per_slot + (a - S * per_slot))
-        rec["log_probs"].append(float(res.log_probs[0]))
-        rec["values"].append(float(res.values[0]))
-        return PolicyStep(a, float(res.log_probs[0]), float(res.values[0]))
+        assert self._recorder is not None  # bound by _observe
+        step = PolicyStep(int(res.actions[0]), float(res.log_probs[0]), float(res.values[0]))
+        self._recorder.record(obs, mask, step.action, step.log_prob, step.value)
+        return step
 
-    def write_training_tensors(self, traj: trajectory_pb2.Trajectory) -> None:
-        """Put the recorded tensors into ``traj``'s decisions (see the module docstring)."""
-        rec = self._rec
-        steps = len(rec["actions"])
-        if steps == 0 or steps != len(traj.decisions):
+    def training_record(self, rewards: Sequence[float]) -> TrainingRecord:
+        """The recorded decisions for the session's trajectory (see the module docstring)."""
+        recorder = self._recorder
+        if recorder is None or len(recorder) == 0 or len(recorder) != len(rewards):
             # A session that ended before its first decision (or mid-way through one) has
             # nothing consistent to train on; it keeps its summary only.
-            return
-        traj.labels["actions"] = "sampled" if self.sample else "argmax"
-        episode = Episode(
-            n=len(traj.task.subtasks),
-            slots=np.stack(rec["slots"]),  # type: ignore[arg-type]
-            globals_=np.stack(rec["globals"]),  # type: ignore[arg-type]
-            masks=np.stack(rec["masks"]),  # type: ignore[arg-type]
-            actions=np.asarray(rec["actions"], dtype=np.int64),
-            log_probs=np.asarray(rec["log_probs"], dtype=np.float32),
-            values=np.asarray(rec["values"], dtype=np.float32),
-            rewards=np.array([d.env_reward for d in traj.decisions], dtype=np.float32),
-            terminated=traj.completed or traj.loop_detected,
-            policy_version=self._trajectory_version(),
+            return TrainingRecord(self._trajectory_version())
+        return TrainingRecord(
+            self._trajectory_version(),
+            labels={"actions": "sampled" if self.sample else "argmax"},
+            data=recorder.decision_data(rewards),
         )
-        episode_to_decisions(episode, traj)
 
-    def _trajectory_version(self) -> int:
+    def _trajectory_version(self) -> str:
         """The version the trajectory is attributed to: the pinned one."""
-        return self.served.version
+        return self.version
 
 
 class SessionServedPolicy(SessionLearnedPolicy):
@@ -250,29 +232,27 @@ class SessionServedPolicy(SessionLearnedPolicy):
             generator=self.generator,
         )
 
-    def act(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep:
-        agent, obs_b, mask_b, n = self._observe(env, obs)
+    def act(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
+        agent, obs_b, mask_b, n = self._observe(env)
         out = self._forward(self._inputs(agent, obs_b, mask_b, n))
-        return self._record(env, obs, mask_b[0], self._choose(agent, out, n))
+        return self._record(obs_b[0], mask_b[0], self._choose(agent, out, n))
 
-    async def act_async(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep:
+    async def act_async(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
         # The environment is read on the event loop; only the network call runs in a thread.
-        agent, obs_b, mask_b, n = self._observe(env, obs)
+        agent, obs_b, mask_b, n = self._observe(env)
         out = await asyncio.to_thread(self._forward, self._inputs(agent, obs_b, mask_b, n))
-        return self._record(env, obs, mask_b[0], self._choose(agent, out, n))
+        return self._record(obs_b[0], mask_b[0], self._choose(agent, out, n))
 
-    def _trajectory_version(self) -> int:
+    def _trajectory_version(self) -> str:
         """The oldest version that decided in the session (see the class docstring)."""
-        return min(self.versions) if self.versions else self.served.version
+        return str(min(self.versions)) if self.versions else self.version
 
-    def write_training_tensors(self, traj: trajectory_pb2.Trajectory) -> None:
-        if self.versions:
-            traj.policy_version = str(min(self.versions))
-            if len(set(self.versions)) > 1:
-                traj.labels["policy_versions"] = ",".join(
-                    str(v) for v in sorted(set(self.versions))
-                )
-        super().write_training_tensors(traj)
+    def training_record(self, rewards: Sequence[float]) -> TrainingRecord:
+        record = super().training_record(rewards)
+        if len(set(self.versions)) <= 1:
+            return record
+        several = ",".join(str(v) for v in sorted(set(self.versions)))
+        return replace(record, labels={"policy_versions": several, **record.labels})
 
 
 class LearnedPolicySource:
@@ -292,7 +272,7 @@ class LearnedPolicySource:
         self.sample_prefixes = sample_prefixes
         self.backend = backend
         """The served backend (``PODIUM_POLICY_BACKEND=v2://...``), None for local torch."""
-        self.cold_start: SchedulingPolicy = RulePolicy(baselines.make_policy(COLD_START_RULE))
+        self.cold_start: SchedulingPolicy = baselines.make_policy(COLD_START_RULE)
         self.holder: PolicyHolder[SwarmPolicy] = PolicyHolder(self._build)
 
     def _build(self, weights: LoadedWeights) -> SwarmPolicy:

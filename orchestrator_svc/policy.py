@@ -1,72 +1,64 @@
-"""Scheduling policies as the orchestrator sees them: observation + mask in, one action out.
+"""Scheduling policies as the orchestrator sees them.
 
-The orchestrator hosts the swarm environment (:class:`podium.envs.swarm.simulator.SwarmEnv`)
-for every session, so a policy gets exactly the observation, action mask and action encoding
-it was trained on; only the executor behind the environment differs (the bus instead of the
-simulator, see :mod:`orchestrator_svc.session`). A policy is anything with ``name``,
-``version`` and ``act(env, obs) -> PolicyStep``.
+The orchestrator hosts the swarm environment (:class:`podium.envs.swarm.SwarmEnv`) for every
+session, so a policy gets exactly the observation, action mask and action encoding it was
+trained on; only the executor behind the environment differs (the bus instead of the
+simulator, see :mod:`orchestrator_svc.session`). A policy is a
+:class:`podium.envs.swarm.SchedulingPolicy` (``name``, ``version``, ``act(env, rng) ->
+PolicyStep``), the one interface of the environment's benchmark and rollouts too.
 
-Rule engines (cpls for cold start, and the baselines a learned policy is compared with)
-come from :mod:`podium.envs.swarm.baselines`, wrapped by :class:`RulePolicy`; a learned
-policy implements the same protocol and returns its log-probability and value too.
+Rule engines (cpls for cold start, and the baselines a learned policy is compared with) come
+from :mod:`podium.envs.swarm.baselines` as they are; a learned policy implements the same
+protocol and returns its log-probability and value too. Two optional capabilities extend it:
+:class:`TrainingPolicy` (its sessions feed the learner) and :class:`RemotePolicy` (its network
+runs on a server).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-from numpy.typing import NDArray
-
-from podium.envs.swarm import baselines
-from podium.envs.swarm.baselines import RuleEngine
-from podium.envs.swarm.simulator.env import EnvConfig, SwarmEnv
-from podium.v1 import trajectory_pb2
+from podium.envs.swarm import EnvConfig, PolicyStep, Rng, SchedulingPolicy, SwarmEnv, baselines
+from podium.envs.swarm.trajectory import DecisionData
 
 
 @dataclass(frozen=True, slots=True)
-class PolicyStep:
-    """One decision of a policy, with what the learner needs to train on it."""
+class TrainingRecord:
+    """What a training policy adds to its session's trajectory."""
 
-    action: int
-    """Flat action index in the environment's action space."""
-    log_prob: float = 0.0
-    """log π(a|s) under the acting policy (0 for deterministic rule engines)."""
-    value: float = 0.0
-    """V(s) under the acting policy (0 when the policy has no critic)."""
-
-
-class SchedulingPolicy(Protocol):
-    """What the orchestrator needs from a policy."""
-
-    name: str
-    """Short name, e.g. ``"cpls"``."""
-    version: str
-    """Version stamped on every decision (rule engines: ``"rules:<name>"``)."""
-
-    def act(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep:
-        """Choose a valid action for the environment's current state."""
-        ...
+    policy_version: str
+    """The version the trajectory is attributed to (the learner's staleness measure)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Extra labels (e.g. ``actions``: ``sampled`` or ``argmax``)."""
+    data: DecisionData | None = None
+    """Each decision's training data in the learner's encoding (log-probs, values, rewards,
+    tensors: what an in-process rollout of the session records); None when the session has
+    nothing consistent to train on."""
 
 
 @runtime_checkable
 class TrainingPolicy(Protocol):
     """A policy whose sessions feed the learner (:mod:`orchestrator_svc.learned`): it runs on
-    the environment configuration it was trained with and writes the decisions' training
-    tensors into the session's trajectory."""
+    the environment configuration it was trained with and records what the learner trains on
+    for the session's trajectory."""
 
-    name: str
-    version: str
+    @property
+    def name(self) -> str: ...
 
-    def act(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep: ...
+    @property
+    def version(self) -> str: ...
+
+    def act(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep: ...
 
     def env_config(self, n_subtasks: int) -> EnvConfig:
         """The environment configuration for a task of ``n_subtasks`` subtasks."""
         ...
 
-    def write_training_tensors(self, traj: trajectory_pb2.Trajectory) -> None:
-        """Fill ``traj``'s decisions with what the learner trains on."""
+    def training_record(self, rewards: Sequence[float]) -> TrainingRecord:
+        """What the session's trajectory gets from the policy; ``rewards`` are the
+        environment's, one per decision of the session."""
         ...
 
 
@@ -75,30 +67,30 @@ class RemotePolicy(Protocol):
     """A policy whose decisions are computed elsewhere (a KServe-V2 server): the session awaits
     :meth:`act_async`, so one session's network round trip never blocks the others."""
 
-    name: str
-    version: str
+    @property
+    def name(self) -> str: ...
 
-    def act(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep: ...
+    @property
+    def version(self) -> str: ...
 
-    async def act_async(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep:
+    def act(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep: ...
+
+    async def act_async(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
         """:meth:`act` with the remote call off the event loop."""
         ...
-
-
-class RulePolicy:
-    """A rule engine of :mod:`podium.envs.swarm.baselines` as a :class:`SchedulingPolicy`."""
-
-    def __init__(self, engine: RuleEngine) -> None:
-        self.engine = engine
-        self.name = engine.name
-        self.version = f"rules:{engine.name}"
-
-    def act(self, env: SwarmEnv, obs: NDArray[np.float32]) -> PolicyStep:
-        # Rule engines are deterministic: log π(a|s) = 0 and they have no critic.
-        return PolicyStep(int(self.engine.act(env)))
 
 
 def make_policy(name: str) -> SchedulingPolicy:
     """The rule engine called ``name`` (cpls, greedy, sequential, random); unknown names
     raise :class:`~podium.errors.ConfigError` listing the known ones."""
-    return RulePolicy(baselines.make_policy(name))
+    return baselines.make_policy(name)
+
+
+__all__ = [
+    "PolicyStep",
+    "RemotePolicy",
+    "SchedulingPolicy",
+    "TrainingPolicy",
+    "TrainingRecord",
+    "make_policy",
+]

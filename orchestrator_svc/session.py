@@ -26,29 +26,40 @@ import logging
 import random
 import secrets
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-import numpy as np
 from opentelemetry import trace
 
-from orchestrator_svc.policy import RemotePolicy, SchedulingPolicy, TrainingPolicy
+from orchestrator_svc.policy import (
+    RemotePolicy,
+    SchedulingPolicy,
+    TrainingPolicy,
+    TrainingRecord,
+)
 from podium import topics
 from podium.bus.consumer import EventPublisher
+from podium.envs.swarm import FINISH, START, WAIT, EnvConfig, PolicyStep, SwarmEnv
 from podium.envs.swarm.pool import SubagentPool
-from podium.envs.swarm.simulator.env import FINISH, START, WAIT, EnvConfig, SwarmEnv
-from podium.envs.swarm.simulator.executor import SwarmSimulator
+from podium.envs.swarm.simulator import SwarmSimulator
 from podium.envs.swarm.spec import TaskSpec
 from podium.envs.swarm.state import ExecutionRecord, InvalidActionError, StateConfig
-from podium.envs.swarm.trajectory import episode_trajectory, execution_context
+from podium.envs.swarm.trajectory import (
+    ENV_NAME,
+    BusOutcomes,
+    DecisionData,
+    decision_message,
+    episode_trajectory,
+    execution_context,
+)
 from podium.errors import PodiumError
+from podium.policy.decisions import EpisodeRecorder
 from podium.v1 import session_service_pb2 as ss_pb2
 from podium.v1 import subtask_pb2, task_pb2, trajectory_pb2
 
 _log = logging.getLogger(__name__)
 
-ENV_NAME = "swarm"
-"""``Trajectory.env`` of orchestrated sessions."""
+__all__ = ["ENV_NAME", "BusSimulator", "Session", "SessionHandle", "SessionSettings"]
 
 
 class SessionTimeout(PodiumError):
@@ -178,7 +189,8 @@ class SessionSettings:
     max_decisions: int = 10_000
     """Decisions after which the session is truncated (counted as a loop)."""
     record_tensors: bool = False
-    """Put observation tensors and masks into decisions (for on-policy training)."""
+    """Put observation tensors and masks into the decisions of rule-engine sessions too
+    (behaviour cloning from live traffic); learned sessions always carry them."""
 
 
 class Session:
@@ -227,6 +239,17 @@ class Session:
         )
         self.assigned: dict[int, subtask_pb2.SubtaskAssigned] = {}
         self.decisions: list[trajectory_pb2.Decision] = []
+        """Decisions as streamed; the trajectory repeats them."""
+        self.steps: list[PolicyStep] = []
+        """The policy's output for each decision."""
+        self.versions: list[str] = []
+        """Version of the policy that made each decision."""
+        self.rewards: list[float] = []
+        """The environment's reward for each decision."""
+        self.recorder: EpisodeRecorder | None = None
+        """Training tensors of a rule-engine session (``record_tensors``)."""
+        if settings.record_tensors and not isinstance(policy, TrainingPolicy):
+            self.recorder = EpisodeRecorder(self.env.layout, self.env.codec, n)
         self.peak_parallel = 0
         self.end_reason = ""
         self._arrived = asyncio.Condition()
@@ -279,16 +302,15 @@ class Session:
         with self.tracer.start_as_current_span(
             "session", attributes={"podium.session_id": self.session_id}
         ):
-            obs, _ = self.env.reset(seed=self.seed & 0xFFFFFFFF, options={"task": self.task})
+            self.env.reset(seed=self.seed & 0xFFFFFFFF, options={"task": self.task})
             # Swap the executor: same fresh state, outcomes from the bus (see module doc).
-            self.env.sim = self.sim
-            self.env._refresh()
+            self.env.use_simulator(self.sim)
             self.handle.state = ss_pb2.SESSION_STATE_RUNNING
             terminated = truncated = False
             try:
                 while not (terminated or truncated):
                     await self._await_running()
-                    obs, terminated, truncated = await self._decide(obs)
+                    terminated, truncated = await self._decide()
                 if self.sim.state.loop_detected:
                     self.end_reason = self.sim.state.loop_reason
                 elif truncated:
@@ -307,38 +329,29 @@ class Session:
             self.handle.trajectory = trajectory
             return trajectory
 
-    async def _decide(self, obs: np.ndarray) -> tuple[np.ndarray, bool, bool]:  # type: ignore[type-arg]
+    async def _decide(self) -> tuple[bool, bool]:
+        """One decision: ask the policy, apply it, stream it; (terminated, truncated)."""
         env, state = self.env, self.sim.state
         step = (
-            await self.policy.act_async(env, obs)
+            await self.policy.act_async(env)
             if isinstance(self.policy, RemotePolicy)
-            else self.policy.act(env, obs)
+            else self.policy.act(env)
         )
-        mask = env.action_masks()
-        summary = trajectory_pb2.ObservationSummary(clock=state.clock, **state.summary())
-        kind, slot, agent, k = env.codec.decode(step.action)
-        decision = trajectory_pb2.Decision(
-            step=len(self.decisions),
-            observation=summary,
-            action=trajectory_pb2.Action(
-                type=trajectory_pb2.ActionType.ValueType(kind),
-                subtask_id=self.task.subtasks[slot].id if kind == START else "",
-                agent=self.pool.agent_names[agent] if kind == START else "",
-                split_k=k if kind == START else 0,
-                index=step.action,
-            ),
+        if self.recorder is not None:
+            self.recorder.record(env.observation(), env.action_masks(), step.action)
+        before = len(self.sim.delivered)
+        _, reward, terminated, truncated, _ = env.step(step.action)
+        self.steps.append(step)
+        self.versions.append(self.policy.version)  # a served policy's may change per decision
+        self.rewards.append(float(reward))
+        decision = decision_message(
+            env,
+            len(env.decisions) - 1,
+            policy_version=self.versions[-1],
             log_prob=step.log_prob,
             value=step.value,
-            action_mask_size=int(mask.size),
-            valid_actions=int(np.count_nonzero(mask)),
-            policy_version=self.policy.version,
+            env_reward=self.rewards[-1],
         )
-        if self.settings.record_tensors and not isinstance(self.policy, TrainingPolicy):
-            decision.observation_tensor = obs.astype("<f4").tobytes()
-            decision.action_mask = mask.astype(np.uint8).tobytes()
-        before = len(self.sim.delivered)
-        obs, reward, terminated, truncated, _ = env.step(step.action)
-        decision.env_reward = float(reward)
         self.decisions.append(decision)
         await self.handle.emit(decision=decision)
         self._say(self._describe(decision))
@@ -351,7 +364,7 @@ class Session:
             )
         await self._publish_outbox()
         self.peak_parallel = max(self.peak_parallel, len(state.running))
-        return obs, terminated, truncated
+        return terminated, truncated
 
     async def _publish_outbox(self) -> None:
         state = self.sim.state
@@ -418,40 +431,47 @@ class Session:
             self.on_event(self.session_id, line)
 
     def _trajectory(self, started_at: datetime, truncated: bool) -> trajectory_pb2.Trajectory:
-        """The environment's trajectory of this episode, with what only the bus knows filled
-        in: real execution ids, outcomes (MALFORMED included), tool calls, verification."""
-        traj = episode_trajectory(
+        """The environment's trajectory of this episode, with what only the session knows:
+        the policy's outputs per decision, the training tensors, and the bus's view of every
+        execution (real ids, outcomes with MALFORMED, tool calls, verification)."""
+        record = self._training_record()
+        if record.data is not None:
+            data = record.data
+        elif self.recorder is not None:
+            data = self.recorder.decision_data(self.rewards)
+        else:
+            data = DecisionData(
+                log_probs=[s.log_prob for s in self.steps],
+                values=[s.value for s in self.steps],
+                rewards=self.rewards,
+            )
+        labels = {
+            "seed": str(self.seed),
+            "run_id": self.run_id,
+            "policy": self.policy.name,
+            "submitted_by": self.submitted.submitted_by,
+            **({"end_reason": self.end_reason} if self.end_reason else {}),
+            **record.labels,
+        }
+        return episode_trajectory(
             self.env,
-            policy_version=self.policy.version,
+            policy_version=record.policy_version,
             trajectory_id=self.session_id,
             session_id=self.session_id,
-            labels={
-                "seed": str(self.seed),
-                "run_id": self.run_id,
-                "policy": self.policy.name,
-                "submitted_by": self.submitted.submitted_by,
-                **({"end_reason": self.end_reason} if self.end_reason else {}),
-            },
+            labels=labels,
+            data=replace(data, versions=self.versions),
+            bus=BusOutcomes(assigned=self.assigned, results=self.sim.results),
+            truncated=truncated,
+            started_at=started_at,
+            ended_at=datetime.now(UTC),
         )
-        # Decisions as streamed (they also carry log-probs, values, rewards and tensors).
-        del traj.decisions[:]
-        traj.decisions.extend(self.decisions)
-        traj.loop_detected = traj.loop_detected or truncated
+
+    def _training_record(self) -> TrainingRecord:
+        """What the policy adds to the trajectory (a training policy: its version attribution,
+        labels and tensors; any other: its version)."""
         if isinstance(self.policy, TrainingPolicy):
-            self.policy.write_training_tensors(traj)
-        traj.started_at.FromDatetime(started_at)
-        traj.ended_at.FromDatetime(datetime.now(UTC))
-        for rec, ex in zip(self.sim.state.executions, traj.executions, strict=True):
-            assigned = self.assigned.get(rec.id)
-            if assigned is not None:
-                ex.execution_id = assigned.execution_id
-                ex.context.CopyFrom(assigned.context)
-            result = self.sim.results.get(rec.id)
-            if result is not None and rec.success is not None:
-                ex.outcome = result.outcome
-                ex.verified = result.verified
-                ex.tool_calls.extend(result.tool_calls)
-        return traj
+            return self.policy.training_record(self.rewards)
+        return TrainingRecord(self.policy.version)
 
     def _result(self, traj: trajectory_pb2.Trajectory) -> ss_pb2.SessionResult:
         state = self.sim.state

@@ -261,8 +261,28 @@ def log_level(raw: str) -> str:
     return value
 
 
+HEALTH_PORT_ENV = "PODIUM_HEALTH_PORT"
+"""Variable naming the port of every standalone service's ``grpc.health.v1`` server."""
+
+
 @dataclasses.dataclass(frozen=True)
-class ServiceConfig:
+class HealthConfig:
+    """The health-port setting on its own.
+
+    :class:`ServiceConfig` extends it, so every service declares the setting through the base;
+    :func:`podium.service.run_standalone` reads it alone (``from_env(HealthConfig)``) for an
+    app whose config is not a :class:`ServiceConfig`, so every process gets the same variable.
+    """
+
+    health_port: int = env(HEALTH_PORT_ENV, default=0, parse=port)
+    """Port of the ``grpc.health.v1`` server of a standalone process (all interfaces).
+    0 = a free port chosen by the OS and logged: several processes on one host (the local
+    drivers, the tests) never collide. Deployments fix it; the k8s manifests set 8081, where
+    their ``grpc`` readiness and liveness probes look."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig(HealthConfig):
     """Settings every service has; each service's config extends it."""
 
     bus_url: str = env("PODIUM_BUS", parse=parse_bus_url)

@@ -1,8 +1,8 @@
 """reward_svc: turns trajectories into scored trajectories.
 
 Consumes :data:`podium.topics.TRAJECTORIES`, scores each trajectory with
-:func:`podium.rewards.score` and produces :data:`podium.topics.SCORED_TRAJECTORIES`;
-exactly-once on Kafka (:mod:`reward_svc.kafka_loop`), effectively-once on the generic bus
-(:mod:`reward_svc.bus_loop`). Run it with ``python -m reward_svc``; settings come from the
-environment (:mod:`reward_svc.config`).
+:func:`podium.rewards.score` and produces :data:`podium.topics.SCORED_TRAJECTORIES`, exactly
+once on every bus (:class:`reward_svc.app.RewardApp` on :class:`podium.bus.Transformer`).
+Run it with ``python -m reward_svc``; settings come from the environment
+(:class:`reward_svc.config.RewardServiceConfig`).
 """

@@ -1,6 +1,6 @@
 """``python -m reward_svc``: run the reward service until SIGTERM or SIGINT.
 
-Settings come from environment variables (see :class:`reward_svc.config.ServiceConfig`); it
+Settings come from environment variables (:class:`reward_svc.config.RewardServiceConfig`); it
 runs through :func:`podium.service.run_standalone` like every service: a missing or bad
 setting exits 2 with a message naming the variable, before anything connects; SIGTERM lets
 the batch in hand finish its transaction (or abort it, if the broker fails) and exits 0; a
@@ -9,30 +9,36 @@ failure while running (broker unreachable, fenced) exits 1 with the reason.
 
 from __future__ import annotations
 
-from podium.bus import connect
+from opentelemetry.sdk.trace import TracerProvider
+
 from podium.bus.base import Bus
 from podium.errors import ConfigError
-from podium.rewards import default_config, load_config
-from podium.service import App, run_standalone, setup_logging
-from reward_svc.app import SERVICE, RewardApp
-from reward_svc.config import from_env
+from podium.rewards import RewardConfig, default_config, load_config
+from podium.service import App, run_standalone, standalone_loader
+from reward_svc.app import RewardApp
+from reward_svc.config import SERVICE, RewardServiceConfig
 
 
-def load() -> tuple[App, Bus]:
-    """Config from the environment (fails fast naming the variable), then the app and bus."""
-    config = from_env()
-    setup_logging(config.log_level)
+def reward_function(config: RewardServiceConfig) -> RewardConfig:
+    """The reward config named by ``PODIUM_REWARD_CONFIG`` (the packaged default if unset);
+    an invalid file is a :class:`ConfigError` naming the variable."""
+    if not config.reward_config:
+        return default_config()
     try:
-        reward = load_config(config.reward_config) if config.reward_config else default_config()
+        return load_config(config.reward_config)
     except ConfigError as exc:
         raise ConfigError(f"PODIUM_REWARD_CONFIG={config.reward_config!r}: {exc}") from exc
-    bus = connect(config.bus_url)
-    return RewardApp(config, reward, bus), bus
+
+
+def build(config: RewardServiceConfig, bus: Bus, tracer_provider: TracerProvider) -> App:
+    """The app, once the config is read and the bus built (the tracer provider is global)."""
+    del tracer_provider  # spans go through the global provider the loader installed
+    return RewardApp(config, reward_function(config), bus)
 
 
 def main() -> int:
     """Entry point; returns the exit status."""
-    return run_standalone(SERVICE, load)
+    return run_standalone(SERVICE, standalone_loader(SERVICE, RewardServiceConfig, build))
 
 
 if __name__ == "__main__":

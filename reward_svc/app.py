@@ -1,123 +1,143 @@
-"""reward_svc as a :class:`podium.service.App`: the lifecycle ``python -m reward_svc`` runs.
+"""reward_svc as a :class:`podium.service.App`: trajectories in, scored trajectories out.
 
-The app picks its loop from the bus URL:
+One loop for every bus: the scoring function (:func:`score_trajectory`) plugged into the bus
+layer's consume-transform-produce primitive, :class:`podium.bus.Transformer`. Each batch of
+trajectories is one transaction: the scored trajectories (and the poison records, on the
+dead-letter topic) become visible together with the consumed offsets, or not at all. On
+``kafka://`` that is Kafka's exactly-once, with a transactional producer of its own per
+replica (fenced by ``PODIUM_REWARD_TRANSACTIONAL_ID``); on ``inproc://`` (``podium demo``,
+``podium train``, tests) the in-process twin gives the same visibility.
 
-* ``kafka://`` — :class:`~reward_svc.kafka_loop.KafkaRewardService`, exactly-once with Kafka
-  transactions. The loop needs a transactional producer of its own (one per replica, fenced by
-  ``transactional_id``), so it does not publish through the shared bus; the bus connects first
-  (an unreachable broker fails fast with a :class:`~podium.errors.BusError`, exit 1, not a
-  traceback) and creates the topics the loop reads and writes.
-* anything else — :class:`~reward_svc.bus_loop.BusRewardService` on the bus, effectively-once.
-
-Either way a stop request lets the batch in hand finish (commit its transaction) within
+A stop request lets the batch in hand finish (commit its transaction) within
 ``shutdown_timeout_s``; a batch cut off after that stays uncommitted and is scored again by
-the next owner, so nothing is lost or counted twice.
+the next owner, so nothing is lost or counted twice. Scored events carry a deterministic
+event id (the input's id and the reward version), so a re-score is recognisably the same.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from collections.abc import Sequence
+from datetime import UTC
 
-from aiokafka.errors import KafkaError
-
-from podium import topics
-from podium.bus.base import Bus, TopicSpec
-from podium.bus.kafka import KafkaConfig
+from podium import codec
+from podium.bus import Bus, Output, Record, TransactionFencedError, Transformer
 from podium.errors import BusError
-from podium.rewards import RewardConfig
-from reward_svc.bus_loop import BusRewardService
-from reward_svc.config import ServiceConfig
-from reward_svc.kafka_loop import KafkaRewardService
+from podium.rewards import RewardConfig, progress_from_policy_version, score
+from podium.rewards.events import scored_event_id
+from podium.v1 import envelope_pb2, trajectory_pb2
+from reward_svc.config import SERVICE, RewardServiceConfig
 
-_log = logging.getLogger("reward_svc")
+_log = logging.getLogger(SERVICE)
 
-SERVICE = "reward_svc"
-"""Service name (logs, the default instance prefix)."""
+
+def score_trajectory(
+    envelope: envelope_pb2.Envelope,
+    reward: RewardConfig,
+    *,
+    out_topic: str,
+    fixed_progress: float | None = None,
+) -> Output:
+    """The scored trajectory of one trajectory event.
+
+    Progress is ``fixed_progress`` if given, else derived from the acting policy's version,
+    so live scoring and a later re-score agree. Raises :class:`~podium.errors.DecodeError`
+    for an event that is not a Trajectory and
+    :class:`~podium.rewards.InvalidTrajectoryError` for one that cannot be scored: both are
+    not retriable, so the record is dead-lettered.
+    """
+    traj = codec.unpack_as(envelope, trajectory_pb2.Trajectory)
+    progress = (
+        fixed_progress
+        if fixed_progress is not None
+        else progress_from_policy_version(traj.policy_version, reward.progress_per_policy_version)
+    )
+    breakdown = score(traj, reward, progress)
+    event_id = scored_event_id(envelope.event_id, breakdown.reward_version)
+    return Output(
+        out_topic,
+        breakdown.to_proto(traj),
+        key=traj.session_id or traj.trajectory_id or envelope.key,
+        event_id=event_id,
+        idempotency_key=event_id,
+        occurred_at=(
+            envelope.occurred_at.ToDatetime(tzinfo=UTC)
+            if envelope.HasField("occurred_at")
+            else None
+        ),
+    )
 
 
 class RewardApp:
-    """Trajectories in, scored trajectories out, on a started ``bus``."""
+    """Scores every trajectory on ``config.in_topic`` of a started ``bus``, exactly once."""
 
     name = SERVICE
 
-    def __init__(self, config: ServiceConfig, reward: RewardConfig, bus: Bus) -> None:
+    def __init__(self, config: RewardServiceConfig, reward: RewardConfig, bus: Bus) -> None:
         self.config = config
         self.reward = reward
         self.bus = bus
-        self.kafka_loop: KafkaRewardService | None = None
-        """The exactly-once loop, on a Kafka bus URL."""
-        self.bus_loop: BusRewardService | None = None
-        """The generic-bus loop, otherwise."""
-        if config.is_kafka:
-            self.kafka_loop = KafkaRewardService(config, reward, create_topics=False)
-        else:
-            self.bus_loop = BusRewardService(bus, config, reward)
+        self.transformer = Transformer(
+            bus,
+            [config.in_topic],
+            config.group_id,
+            self._score,
+            transactional_id=config.transactional_id,
+            producer_name=config.producer_name,
+            output_topics=[config.out_topic],
+            max_batch=config.max_batch,
+            poll_timeout_s=config.poll_timeout_ms / 1000,
+            partitions=config.topic_partitions,
+        )
+        """The consume-score-produce loop (its ``stats`` say what was committed)."""
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        """Create the topics, start the loop, and return once it consumes (or raise why not)."""
-        cfg = self.config
-        if self.bus_loop is not None:
-            await self.bus_loop.start()
-            self._task = asyncio.create_task(self.bus_loop.run(), name=f"{SERVICE}.bus_loop")
-            return
-        assert self.kafka_loop is not None
-        replicas = KafkaConfig.from_url(cfg.bus_url).replication_factor
-        await self.bus.create_topics(
-            [
-                TopicSpec(name, cfg.partitions, replicas)
-                for name in (cfg.in_topic, cfg.out_topic, topics.dead_letter(cfg.in_topic))
-            ]
-        )
-        self._task = asyncio.create_task(self._run_kafka(), name=f"{SERVICE}.kafka_loop")
-        ready = asyncio.create_task(self.kafka_loop.ready.wait())
-        try:
-            await asyncio.wait({ready, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ready.cancel()
-        if self._task.done():
-            self._task.result()  # a failure to start: raise it here, before "started" is logged
+    async def _score(self, envelope: envelope_pb2.Envelope, record: Record) -> Sequence[Output]:
+        del record  # everything needed is in the envelope
+        if self.config.record_delay_ms:
+            # Fault injection: hold the transaction open (crash and SIGTERM tests).
+            await asyncio.sleep(self.config.record_delay_ms / 1000)
+        return [
+            score_trajectory(
+                envelope,
+                self.reward,
+                out_topic=self.config.out_topic,
+                fixed_progress=self.config.fixed_progress,
+            )
+        ]
 
-    async def _run_kafka(self) -> None:
-        """The Kafka loop, its client errors turned into :class:`BusError` (a clean exit 1)."""
-        assert self.kafka_loop is not None
+    async def start(self) -> None:
+        """Create the topics, claim the transactional id, join the group, start the loop."""
+        await self.transformer.start()
+        _log.info(
+            "%s: consuming %s as %s (transactional id %s), reward %s",
+            SERVICE,
+            self.config.in_topic,
+            self.config.group_id,
+            self.config.transactional_id,
+            self.reward.version,
+        )
+        self._task = asyncio.create_task(self._run(), name=f"{SERVICE}.transformer")
+
+    async def _run(self) -> None:
+        """The loop; being fenced is reported as the deployment error it is."""
         try:
-            await self.kafka_loop.run()
-        except (KafkaError, OSError) as exc:
-            raise BusError(
-                f"kafka loop failed: {type(exc).__name__}: {exc}",
-                retriable=bool(getattr(exc, "retriable", False)),
-            ) from exc
-        if self.kafka_loop.fenced:
+            await self.transformer.run()
+        except TransactionFencedError as exc:
             # Two live replicas share PODIUM_REWARD_TRANSACTIONAL_ID: a deployment error that
             # must be visible (non-zero exit), not a quiet stop.
             raise BusError(
-                f"fenced: another reward_svc instance took over transactional id "
+                f"fenced: another {SERVICE} instance took over transactional id "
                 f"{self.config.transactional_id!r} (PODIUM_REWARD_TRANSACTIONAL_ID must be "
                 "unique per replica)",
                 retriable=False,
-            )
+            ) from exc
+        _log.info("%s: stopped (%s)", SERVICE, self.transformer.stats)
 
     async def stop(self) -> None:
         """Stop consuming; let the batch in hand commit, up to ``shutdown_timeout_s``."""
-        timeout = self.config.shutdown_timeout_s
-        if self.bus_loop is not None:
-            await self.bus_loop.stop(timeout_s=timeout)
-        elif self.kafka_loop is not None:
-            self.kafka_loop.request_stop()
-        task = self._task
-        if task is None or task.done():
-            return
-        _, pending = await asyncio.wait({task}, timeout=timeout)
-        if pending:
-            # Cut off mid-batch: the open transaction is never committed (the broker aborts it
-            # when this transactional id starts again, or on its timeout), so nothing is lost.
-            _log.warning("%s: batch did not finish within %.1fs; abandoning it", SERVICE, timeout)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, BusError):
-                await task
+        await self.transformer.stop(timeout_s=self.config.shutdown_timeout_s)
 
     async def wait(self) -> None:
         """Return when the loop ends by itself; raise if it failed."""

@@ -1,7 +1,10 @@
-"""reward_svc settings, read once from environment variables into a frozen dataclass.
+"""Settings of reward_svc, read from the environment by ``python -m reward_svc``.
 
-A missing required variable or a bad value stops the service at start-up with a
-:class:`~podium.errors.ConfigError` naming the variable, before it touches the bus.
+The shared settings (``PODIUM_BUS``, ``PODIUM_INSTANCE``, ``PODIUM_LOG_LEVEL``,
+``PODIUM_TOPIC_PARTITIONS``, ``PODIUM_SHUTDOWN_TIMEOUT_S``) come from
+:class:`podium.config.ServiceConfig`, like every service's; the reward-specific ones are
+``PODIUM_REWARD_*``. ``from_env(RewardServiceConfig)`` reports every missing or invalid
+variable by name before anything connects.
 """
 
 from __future__ import annotations
@@ -9,142 +12,98 @@ from __future__ import annotations
 import math
 import os
 import socket
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from podium import topics
-from podium.config import log_level
-from podium.errors import ConfigError
+from podium.config import ServiceConfig, env, positive_int
+from podium.service import default_instance_name
 
-ENV_PREFIX = "PODIUM_REWARD_"
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceConfig:
-    """How reward_svc connects, what it reads and writes, and how it batches."""
-
-    bus_url: str
-    """``PODIUM_BUS`` (required): ``kafka://HOST:PORT[,HOST:PORT][?options]`` or ``inproc://``."""
-    reward_config: str = ""
-    """``PODIUM_REWARD_CONFIG``: reward config YAML; empty means the packaged default."""
-    in_topic: str = topics.TRAJECTORIES
-    """``PODIUM_REWARD_IN_TOPIC``: trajectories to score."""
-    out_topic: str = topics.SCORED_TRAJECTORIES
-    """``PODIUM_REWARD_OUT_TOPIC``: where scored trajectories go."""
-    group_id: str = "reward_svc"
-    """``PODIUM_REWARD_GROUP``: consumer group shared by all replicas."""
-    transactional_id: str = "reward_svc-0"
-    """``PODIUM_REWARD_TRANSACTIONAL_ID``: stable per replica, so a restarted replica fences
-    its previous incarnation and aborts the transaction it left open."""
-    instance: str = ""
-    """``PODIUM_REWARD_INSTANCE``: name stamped on produced envelopes (default reward_svc/host)."""
-    max_batch: int = 100
-    """``PODIUM_REWARD_MAX_BATCH``: most records per transaction."""
-    poll_timeout_ms: int = 500
-    """``PODIUM_REWARD_POLL_MS``: longest wait for records; bounds the reaction to SIGTERM."""
-    fixed_progress: float | None = None
-    """``PODIUM_REWARD_PROGRESS``: score every trajectory at this training progress instead of
-    deriving it from the acting policy's version."""
-    record_delay_ms: int = 0
-    """``PODIUM_REWARD_RECORD_DELAY_MS``: artificial pause per record inside a transaction.
-    Fault-injection tests use it to hold a transaction open long enough to kill the process
-    inside it; always 0 in production."""
-    partitions: int = 3
-    """``PODIUM_REWARD_PARTITIONS``: partitions of the output topics when the service creates them."""
-    log_level: str = "INFO"
-    """``PODIUM_LOG_LEVEL`` (shared by every service): DEBUG, INFO, WARNING, ERROR or CRITICAL."""
-    shutdown_timeout_s: float = 30.0
-    """``PODIUM_SHUTDOWN_TIMEOUT_S`` (shared by every service): how long a graceful stop may
-    take to finish the batch in hand. A batch cut off after that is left uncommitted (on Kafka:
-    its transaction is never committed), so it is scored again by the next owner, never lost."""
-
-    @property
-    def producer_name(self) -> str:
-        """Name stamped as ``Envelope.producer``."""
-        return self.instance or f"reward_svc/{socket.gethostname()}"
-
-    @property
-    def is_kafka(self) -> bool:
-        """Whether the bus is Kafka (exactly-once path) rather than in-process."""
-        return self.bus_url.startswith("kafka://")
+SERVICE = "reward_svc"
+"""Service name (logs, the default instance and transactional id)."""
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    raw = env.get(name, "")
-    if raw == "":
-        return default
+def existing_file(raw: str) -> str:
+    """A path to a file that exists (checked at start-up, not at first use)."""
+    if not os.path.isfile(raw):
+        raise ValueError(f"no such file {raw!r}")
+    return raw
+
+
+def progress(raw: str) -> float:
+    """A training progress: a finite number >= 0."""
     try:
-        value = int(raw)
+        value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(f"{name}: must be >= {minimum}, got {value}")
+        raise ValueError("expected a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("expected a finite number >= 0")
     return value
 
 
-def from_env(env: Mapping[str, str] | None = None) -> ServiceConfig:
-    """Read :class:`ServiceConfig` from ``env`` (default ``os.environ``)."""
-    env = os.environ if env is None else env
-    bus = env.get("PODIUM_BUS", "").strip()
-    if not bus:
-        raise ConfigError(
-            "PODIUM_BUS: not set; expected kafka://HOST:PORT[,HOST:PORT] or inproc://"
-        )
-    if not (bus.startswith("kafka://") or bus.startswith(("inproc://", "memory://"))):
-        raise ConfigError(f"PODIUM_BUS: expected kafka://HOST:PORT or inproc://, got {bus!r}")
-    if bus.startswith("kafka://") and not bus.removeprefix("kafka://").split("?")[0]:
-        raise ConfigError(f"PODIUM_BUS: kafka:// needs HOST:PORT, got {bus!r}")
-    progress_raw = env.get(f"{ENV_PREFIX}PROGRESS", "")
-    fixed: float | None = None
-    if progress_raw:
-        try:
-            fixed = float(progress_raw)
-        except ValueError:
-            raise ConfigError(
-                f"{ENV_PREFIX}PROGRESS: expected a number, got {progress_raw!r}"
-            ) from None
-        if not math.isfinite(fixed) or fixed < 0:
-            raise ConfigError(f"{ENV_PREFIX}PROGRESS: must be a finite number >= 0, got {fixed}")
-    level_raw = env.get("PODIUM_LOG_LEVEL", "") or "INFO"
+def non_negative_int(raw: str) -> int:
+    """An integer >= 0."""
     try:
-        level = log_level(level_raw)
-    except ValueError as exc:
-        raise ConfigError(f"PODIUM_LOG_LEVEL: {exc}, got {level_raw!r}") from None
-    timeout_raw = env.get("PODIUM_SHUTDOWN_TIMEOUT_S", "")
-    timeout = 30.0
-    if timeout_raw:
-        try:
-            timeout = float(timeout_raw)
-        except ValueError:
-            raise ConfigError(
-                f"PODIUM_SHUTDOWN_TIMEOUT_S: expected a number of seconds, got {timeout_raw!r}"
-            ) from None
-        if not math.isfinite(timeout) or timeout <= 0:
-            raise ConfigError(f"PODIUM_SHUTDOWN_TIMEOUT_S: must be > 0, got {timeout_raw!r}")
-    cfg_path = env.get(f"{ENV_PREFIX}CONFIG", "")
-    if cfg_path and not os.path.isfile(cfg_path):
-        raise ConfigError(f"{ENV_PREFIX}CONFIG: no such file {cfg_path!r}")
-    names: dict[str, str] = {}
-    for field_name, var, default in (
-        ("in_topic", "IN_TOPIC", topics.TRAJECTORIES),
-        ("out_topic", "OUT_TOPIC", topics.SCORED_TRAJECTORIES),
-        ("group_id", "GROUP", "reward_svc"),
-        ("transactional_id", "TRANSACTIONAL_ID", "reward_svc-0"),
-    ):
-        value = env.get(f"{ENV_PREFIX}{var}", default)
-        if not value.strip():
-            raise ConfigError(f"{ENV_PREFIX}{var}: must not be empty")
-        names[field_name] = value
-    return ServiceConfig(
-        bus_url=bus,
-        reward_config=cfg_path,
-        instance=env.get(f"{ENV_PREFIX}INSTANCE", ""),
-        max_batch=_int(env, f"{ENV_PREFIX}MAX_BATCH", 100, 1),
-        poll_timeout_ms=_int(env, f"{ENV_PREFIX}POLL_MS", 500, 1),
-        fixed_progress=fixed,
-        record_delay_ms=_int(env, f"{ENV_PREFIX}RECORD_DELAY_MS", 0, 0),
-        partitions=_int(env, f"{ENV_PREFIX}PARTITIONS", 3, 1),
-        log_level=level,
-        shutdown_timeout_s=timeout,
-        **names,
+        value = int(raw.strip())
+    except ValueError:
+        raise ValueError("expected an integer") from None
+    if value < 0:
+        raise ValueError("expected an integer >= 0")
+    return value
+
+
+def not_blank(raw: str) -> str:
+    """A name that is not just whitespace (topic, group, transactional id)."""
+    if not raw.strip():
+        raise ValueError("must not be blank")
+    return raw
+
+
+def default_transactional_id(instance: str) -> str:
+    """``reward_svc-<instance>``, or ``reward_svc-<host name>`` without an instance name.
+
+    Unique per replica (on Kubernetes the host name is the pod name), so replicas never fence
+    each other; stable across restarts of a replica on the same host (or with the same
+    ``PODIUM_INSTANCE``), so a restart fences its previous incarnation and aborts the
+    transaction it left open.
+    """
+    return f"{SERVICE}-{instance or socket.gethostname()}"
+
+
+@dataclass(frozen=True)
+class RewardServiceConfig(ServiceConfig):
+    """reward_svc settings (plus the shared ones of :class:`podium.config.ServiceConfig`)."""
+
+    reward_config: str = env("PODIUM_REWARD_CONFIG", default="", parse=existing_file)
+    """Reward config YAML; empty means the packaged default."""
+    in_topic: str = env("PODIUM_REWARD_IN_TOPIC", default=topics.TRAJECTORIES, parse=not_blank)
+    """Trajectories to score."""
+    out_topic: str = env(
+        "PODIUM_REWARD_OUT_TOPIC", default=topics.SCORED_TRAJECTORIES, parse=not_blank
     )
+    """Where scored trajectories go."""
+    group_id: str = env("PODIUM_REWARD_GROUP", default=SERVICE, parse=not_blank)
+    """Consumer group shared by all replicas."""
+    transactional_id: str = env("PODIUM_REWARD_TRANSACTIONAL_ID", default="", parse=not_blank)
+    """Unique per live replica and stable across its restarts; empty = derived from the
+    instance or host name (:func:`default_transactional_id`)."""
+    max_batch: int = env("PODIUM_REWARD_MAX_BATCH", default=100, parse=positive_int)
+    """Most records per transaction."""
+    poll_timeout_ms: int = env("PODIUM_REWARD_POLL_MS", default=500, parse=positive_int)
+    """Longest wait for records; bounds the reaction to SIGTERM."""
+    fixed_progress: float | None = env("PODIUM_REWARD_PROGRESS", default=None, parse=progress)
+    """Score every trajectory at this training progress instead of deriving it from the
+    acting policy's version."""
+    record_delay_ms: int = env("PODIUM_REWARD_RECORD_DELAY_MS", default=0, parse=non_negative_int)
+    """Artificial pause per record inside a transaction. Fault-injection tests use it to hold a
+    transaction open long enough to kill the process inside it; always 0 in production."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.transactional_id:
+            # Resolved once, here, so every reader (the loop, the fencing message) agrees.
+            object.__setattr__(self, "transactional_id", default_transactional_id(self.instance))
+
+    @property
+    def producer_name(self) -> str:
+        """Name stamped as ``Envelope.producer`` and on dead letters."""
+        return self.instance or default_instance_name(SERVICE)

@@ -8,10 +8,10 @@
 #   scripts/kafka.sh stop     # SIGTERM, wait, then SIGKILL
 #
 # Typical use:  eval "$(scripts/kafka.sh start)" && export PODIUM_KAFKA_BOOTSTRAP
-# Needs java (17+) and mvn. The logic lives in podium/kafka_broker.py (stdlib only, so any
+# Needs java (17+) and mvn. The logic lives in podium_app/kafka_broker.py (stdlib only, so any
 # python3 works; `podium kafka ...` is the same command).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PY" -m podium.kafka_broker "$@"
+exec "$PY" -m podium_app.kafka_broker "$@"

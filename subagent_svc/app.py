@@ -27,7 +27,7 @@ from podium.codec import unpack_as
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.spec import PoolSpec, default_pool, load_pool
 from podium.errors import ConfigError
-from podium.service import default_instance_name
+from podium.service import ServiceShell, default_instance_name
 from podium.v1 import envelope_pb2, subtask_pb2
 from subagent_svc.config import SubagentConfig
 
@@ -161,34 +161,35 @@ class SubagentApp:
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(SERVICE)
         self.stats = SubagentStats()
         self.publisher = EventPublisher(bus, producer_name=self.instance)
-        self.consumer = EventConsumer(
-            bus,
-            [topics.SUBTASKS_ASSIGNED],
-            config.group_id,
-            self._handle,
-            producer_name=self.instance,
-            max_batch=config.batch_max,
-            partitions=config.topic_partitions,
+        self.shell = ServiceShell(SERVICE, shutdown_timeout_s=config.shutdown_timeout_s)
+        """Runs the consumer and stops it gracefully (:class:`podium.service.ServiceShell`)."""
+        self.consumer = self.shell.add(
+            EventConsumer(
+                bus,
+                [topics.SUBTASKS_ASSIGNED],
+                config.group_id,
+                self._handle,
+                producer_name=self.instance,
+                max_batch=config.batch_max,
+                partitions=config.topic_partitions,
+            )
         )
-        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        """Create the result topic, join the worker group and start consuming."""
         # Topics it writes to are created here too: a broker may not auto-create them.
         await self.bus.create_topics(
             [TopicSpec(topics.SUBTASK_RESULTS, self.config.topic_partitions)]
         )
-        await self.consumer.start()
-        self._task = asyncio.create_task(self.consumer.run(), name=f"{SERVICE}.consume")
+        await self.shell.start()
 
     async def stop(self) -> None:
         """Stop fetching, finish and commit the batch in hand, leave the group."""
-        await self.consumer.stop(timeout_s=self.config.shutdown_timeout_s)
-        if self._task is not None:
-            await asyncio.wait({self._task}, timeout=self.config.shutdown_timeout_s)
+        await self.shell.stop()
 
     async def wait(self) -> None:
-        if self._task is not None:
-            await self._task
+        """Return when consuming has ended; raise if the consumer crashed."""
+        await self.shell.wait()
 
     async def _handle(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
         assigned = unpack_as(envelope, subtask_pb2.SubtaskAssigned)

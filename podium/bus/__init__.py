@@ -4,13 +4,25 @@
 * :class:`KafkaBus` — Apache Kafka via aiokafka, for everything real.
 
 Services use :func:`connect` with a URL from their config, then :class:`EventPublisher` to
-write events and :class:`EventConsumer` to process them. Importing this package never
+write events, :class:`EventConsumer` to process them (at-least-once, effectively once), and
+:class:`Transformer` for consume-transform-produce exactly once (transactions). Whether a URL
+names Kafka is decided here only (:func:`is_kafka_url`). Importing this package never
 contacts a broker.
 """
 
 from __future__ import annotations
 
-from podium.bus.base import Bus, Headers, Record, RecordMetadata, Subscriber, TopicSpec
+from podium.bus.base import (
+    Bus,
+    Headers,
+    Publisher,
+    Record,
+    RecordMetadata,
+    Subscriber,
+    TopicSpec,
+    TransactionalMember,
+    TransactionFencedError,
+)
 from podium.bus.consumer import (
     ConsumerStats,
     EventConsumer,
@@ -21,6 +33,7 @@ from podium.bus.consumer import (
 )
 from podium.bus.inproc import InProcBus
 from podium.bus.kafka import KafkaBus, KafkaConfig
+from podium.bus.transform import Output, Transform, Transformer, TransformStats
 from podium.errors import ConfigError
 
 __all__ = [
@@ -33,14 +46,36 @@ __all__ = [
     "InProcBus",
     "KafkaBus",
     "KafkaConfig",
+    "Output",
     "PublishedEvent",
+    "Publisher",
     "Record",
     "RecordMetadata",
     "Subscriber",
     "TopicSpec",
+    "TransactionFencedError",
+    "TransactionalMember",
+    "Transform",
+    "TransformStats",
+    "Transformer",
     "connect",
+    "is_kafka_url",
     "is_retriable",
 ]
+
+
+def _scheme(url: str) -> str:
+    """The scheme of a bus URL (``kafka``, ``inproc``...), empty if it has none."""
+    return url.strip().split("://", 1)[0].lower() if "://" in url else ""
+
+
+def is_kafka_url(url: str) -> bool:
+    """Whether ``url`` names a Kafka bus (``kafka://HOST:PORT...``).
+
+    The one place this is decided: drivers and commands that need a broker ask here rather
+    than testing a string prefix of their own.
+    """
+    return _scheme(url) == "kafka"
 
 
 def connect(url: str) -> Bus:
@@ -49,10 +84,10 @@ def connect(url: str) -> Bus:
     ``inproc://`` or ``memory://`` gives an :class:`InProcBus`; ``kafka://HOST:PORT[,HOST:PORT]``
     (optionally ``?field=value`` for :class:`KafkaConfig` fields) gives a :class:`KafkaBus`.
     """
-    scheme = url.split("://", 1)[0] if "://" in url else ""
+    scheme = _scheme(url)
     if scheme in ("inproc", "memory"):
         return InProcBus()
-    if scheme == "kafka":
+    if is_kafka_url(url):
         return KafkaBus(KafkaConfig.from_url(url))
     raise ConfigError(
         f"bus URL must be inproc://, memory:// or kafka://HOST:PORT[,HOST:PORT], got {url!r}"

@@ -23,10 +23,11 @@ envelope and in Kafka headers (so kcat users and non-Python consumers see it too
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -35,7 +36,15 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from podium import codec, telemetry, topics
-from podium.bus.base import Bus, Headers, Record, RecordMetadata, Subscriber, TopicSpec
+from podium.bus.base import (
+    Bus,
+    Headers,
+    Publisher,
+    Record,
+    RecordMetadata,
+    Subscriber,
+    TopicSpec,
+)
 from podium.errors import BusError, ConfigError, DecodeError, PodiumError
 from podium.v1 import envelope_pb2
 
@@ -97,10 +106,13 @@ def dead_letter_headers(
 
 
 async def publish_dead_letter(
-    bus: Bus, record: Record, exc: BaseException, *, group_id: str, producer: str
+    bus: Publisher, record: Record, exc: BaseException, *, group_id: str, producer: str
 ) -> None:
     """Publish ``record`` unchanged (key, value, headers) to its topic's dead-letter topic with
-    :func:`dead_letter_headers` appended (one attempt; callers with a retry policy loop)."""
+    :func:`dead_letter_headers` appended (one attempt; callers with a retry policy loop).
+
+    ``bus`` may be an open transaction, so that the dead letter commits with the offsets.
+    """
     await bus.publish(
         topics.dead_letter(record.topic),
         record.value or b"",
@@ -146,8 +158,8 @@ class _Abandoned(Exception):
     """A retry loop gave up because the consumer is stopping; the record is redelivered later."""
 
 
-class _LRU:
-    """A bounded set of recently seen keys."""
+class RecentKeys:
+    """A bounded set of recently seen keys (event ids, for de-duplication)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -188,6 +200,72 @@ def trace_carrier(envelope: envelope_pb2.Envelope, record: Record) -> dict[str, 
     if envelope.trace_context:
         return dict(envelope.trace_context)
     return {k: v for k, v in _headers_as_text(record.headers).items() if k in _TRACE_HEADERS}
+
+
+@contextlib.contextmanager
+def consume_span(
+    envelope: envelope_pb2.Envelope, record: Record, group_id: str
+) -> Iterator[trace.Span]:
+    """The consumer span of processing one event, in its producer's trace (what it publishes
+    meanwhile joins that trace too: one trace per session)."""
+    token = otel_context.attach(telemetry.extract_trace_context(trace_carrier(envelope, record)))
+    try:
+        with _tracer.start_as_current_span(
+            f"{record.topic} process",
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.destination.name": record.topic,
+                "messaging.kafka.destination.partition": record.partition,
+                "messaging.kafka.message.offset": record.offset,
+                "messaging.consumer.group.name": group_id,
+                "messaging.message.id": envelope.event_id,
+            },
+        ) as span:
+            yield span
+    finally:
+        otel_context.detach(token)
+
+
+@contextlib.contextmanager
+def publish_span(topic: str) -> Iterator[trace.Span]:
+    """The producer span of publishing one event to ``topic``."""
+    with _tracer.start_as_current_span(
+        f"{topic} publish",
+        kind=trace.SpanKind.PRODUCER,
+        attributes={"messaging.system": "kafka", "messaging.destination.name": topic},
+    ) as span:
+        yield span
+
+
+def encode_record(
+    message: Message,
+    *,
+    producer: str,
+    key: str,
+    idempotency_key: str = "",
+    event_id: str | None = None,
+    occurred_at: datetime | None = None,
+    extra_headers: Mapping[str, str] | None = None,
+) -> tuple[envelope_pb2.Envelope, bytes, Headers]:
+    """``message`` as a Podium record: the codec's envelope bytes, and headers carrying the
+    current trace context, the event id and the event type (readable without protobuf)."""
+    carrier = telemetry.inject_trace_context()
+    envelope, data = codec.encode_event(
+        message,
+        producer=producer,
+        key=key,
+        trace_context=carrier,
+        idempotency_key=idempotency_key,
+        event_id=event_id,
+        occurred_at=occurred_at,
+    )
+    headers: list[tuple[str, bytes]] = [(k, v.encode()) for k, v in carrier.items()]
+    headers.append((EVENT_ID_HEADER, envelope.event_id.encode()))
+    headers.append((EVENT_TYPE_HEADER, envelope.type.encode()))
+    for k, v in (extra_headers or {}).items():
+        headers.append((k, v.encode()))
+    return envelope, data, tuple(headers)
 
 
 class EventConsumer:
@@ -260,7 +338,7 @@ class EventConsumer:
         self.create_topics = create_topics
         self.partitions = partitions
         self.stats = ConsumerStats()
-        self._seen = _LRU(dedupe_capacity)
+        self._seen = RecentKeys(dedupe_capacity)
         self._subscriber: Subscriber = bus.subscriber(
             self.topics, group_id, client_id=client_id or producer_name
         )
@@ -402,24 +480,8 @@ class EventConsumer:
             return
 
     async def _call_handler(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
-        ctx = telemetry.extract_trace_context(trace_carrier(envelope, record))
-        token = otel_context.attach(ctx)
-        try:
-            with _tracer.start_as_current_span(
-                f"{record.topic} process",
-                kind=trace.SpanKind.CONSUMER,
-                attributes={
-                    "messaging.system": "kafka",
-                    "messaging.destination.name": record.topic,
-                    "messaging.kafka.destination.partition": record.partition,
-                    "messaging.kafka.message.offset": record.offset,
-                    "messaging.consumer.group.name": self.group_id,
-                    "messaging.message.id": envelope.event_id,
-                },
-            ):
-                await self.handler(envelope, record)
-        finally:
-            otel_context.detach(token)
+        with consume_span(envelope, record, self.group_id):
+            await self.handler(envelope, record)
 
     async def _dead_letter(self, record: Record, exc: BaseException) -> None:
         if not self.dlq:
@@ -510,25 +572,15 @@ class EventPublisher:
         Pass a stable ``event_id`` when re-publishing the same logical event (e.g. after a
         crash) so consumers dedupe it; ``idempotency_key`` names the business operation.
         """
-        with _tracer.start_as_current_span(
-            f"{topic} publish",
-            kind=trace.SpanKind.PRODUCER,
-            attributes={"messaging.system": "kafka", "messaging.destination.name": topic},
-        ):
-            carrier = telemetry.inject_trace_context()
-            envelope, data = codec.encode_event(
+        with publish_span(topic):
+            envelope, data, headers = encode_record(
                 message,
                 producer=self.producer_name,
                 key=key,
-                trace_context=carrier,
                 idempotency_key=idempotency_key,
                 event_id=event_id,
                 occurred_at=occurred_at,
+                extra_headers=extra_headers,
             )
-            headers: list[tuple[str, bytes]] = [(k, v.encode()) for k, v in carrier.items()]
-            headers.append((EVENT_ID_HEADER, envelope.event_id.encode()))
-            headers.append((EVENT_TYPE_HEADER, envelope.type.encode()))
-            for k, v in (extra_headers or {}).items():
-                headers.append((k, v.encode()))
-            metadata = await self.bus.publish(topic, data, key=key, headers=tuple(headers))
+            metadata = await self.bus.publish(topic, data, key=key, headers=headers)
         return PublishedEvent(envelope, metadata)

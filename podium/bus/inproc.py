@@ -12,6 +12,11 @@ that works here behaves the same against a real broker:
 * Offsets are committed per (group, topic, partition). A member that is assigned a partition
   starts at the group's committed offset (the earliest record if none), so anything fetched
   but not committed by a previous owner is delivered again.
+* A transactional member (:class:`InProcTransactionalMember`) holds its outputs back until
+  its commit, which appends them and stores the offsets in one step with no await in between,
+  so readers see both or neither, as Kafka's ``read_committed`` readers do. Transactional ids
+  carry an epoch: a member that claims an id fences the earlier holder, like Kafka's
+  ``InitProducerId``.
 
 Everything runs on the caller's event loop; nothing here is thread-safe, which is fine because
 Podium's services are single-loop asyncio programs.
@@ -27,7 +32,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from podium.bus.base import Bus, Headers, Record, RecordMetadata, Subscriber, TopicSpec
+from podium.bus.base import (
+    Bus,
+    Headers,
+    Record,
+    RecordMetadata,
+    Subscriber,
+    TopicSpec,
+    TransactionalMember,
+    TransactionFencedError,
+    first_offsets,
+    next_offsets,
+)
 from podium.errors import BusError, ConfigError
 
 _log = logging.getLogger(__name__)
@@ -114,6 +130,8 @@ class InProcBus(Bus):
         self.revoke_grace_s = revoke_grace_s
         self._topics: dict[str, _Topic] = {}
         self._groups: dict[str, _Group] = {}
+        self._txn_epochs: dict[str, int] = {}
+        """Current epoch of every transactional id claimed so far."""
         self._started = False
         self._member_ids = itertools.count(1)
         # Created lazily so the bus can be constructed outside a running event loop.
@@ -197,8 +215,16 @@ class InProcBus(Bus):
         headers: Headers = (),
     ) -> RecordMetadata:
         self._check_started()
-        if not isinstance(value, bytes):
-            raise ConfigError(f"record value must be bytes, not {type(value).__name__}")
+        metadata = self._append(topic, value, key, headers)
+        await self._notify()
+        return metadata
+
+    def _append(
+        self, topic: str, value: bytes, key: bytes | str | None, headers: Headers
+    ) -> RecordMetadata:
+        """Append one record, synchronously (a transaction commit appends many without
+        yielding to the loop in between, which is what makes it atomic)."""
+        check_value(value)
         k = key_bytes(key)
         t = self._topic(topic)
         n = len(t.partitions)
@@ -218,7 +244,6 @@ class InProcBus(Bus):
             timestamp_ms=int(time.time() * 1000),
         )
         log.append(record)
-        await self._notify()
         return RecordMetadata(topic, partition, record.offset)
 
     # -- groups -------------------------------------------------------------------------------
@@ -235,6 +260,25 @@ class InProcBus(Bus):
         if not group_id:
             raise ConfigError("group_id must not be empty")
         return InProcSubscriber(self, tuple(topics), group_id, client_id or "inproc")
+
+    def transactional_member(
+        self,
+        topics: Sequence[str],
+        group_id: str,
+        transactional_id: str,
+        *,
+        client_id: str = "",
+    ) -> InProcTransactionalMember:
+        if not transactional_id:
+            raise ConfigError("transactional_id must not be empty")
+        member = self.subscriber(topics, group_id, client_id=client_id)
+        return InProcTransactionalMember(member, transactional_id)
+
+    def _claim(self, transactional_id: str) -> int:
+        """A new epoch for ``transactional_id``; holders of older epochs are fenced."""
+        epoch = self._txn_epochs.get(transactional_id, -1) + 1
+        self._txn_epochs[transactional_id] = epoch
+        return epoch
 
     async def _join(self, member: InProcSubscriber) -> None:
         group = self._groups.setdefault(member.group_id, _Group(member.group_id))
@@ -400,13 +444,7 @@ class InProcSubscriber(Subscriber):
     async def commit(self, records: Sequence[Record] | None = None) -> None:
         if not self._joined:
             raise BusError(f"subscriber {self.client_id} is not started", retriable=False)
-        if records is None:
-            wanted = dict(self._fetched)
-        else:
-            wanted = {}
-            for r in records:
-                tp = (r.topic, r.partition)
-                wanted[tp] = max(wanted.get(tp, 0), r.offset + 1)
+        wanted = dict(self._fetched) if records is None else next_offsets(records)
         owned = {tp: off for tp, off in wanted.items() if tp in self._assigned}
         lost = sorted(set(wanted) - set(owned))
         if lost:
@@ -416,3 +454,106 @@ class InProcSubscriber(Subscriber):
         self.bus._commit(self, owned)
         # A rebalance may be waiting for this commit.
         await self.bus._notify()
+
+    async def rewind(self, records: Sequence[Record]) -> None:
+        for tp, first in first_offsets(records).items():
+            if tp in self._assigned:
+                self._position[tp] = first
+                self._fetched.pop(tp, None)  # nothing of it is held any more
+        # A rebalance may be waiting for these records: they are no longer held.
+        await self.bus._notify()
+
+
+def check_value(value: object) -> None:
+    """Refuse a record value that is not bytes (what every Kafka client does too)."""
+    if not isinstance(value, bytes):
+        raise ConfigError(f"record value must be bytes, not {type(value).__name__}")
+
+
+class InProcTransactionalMember(TransactionalMember):
+    """A member of an in-process group whose outputs and offsets commit in one step.
+
+    Outputs wait in a buffer until :meth:`commit`, which appends them and stores the offsets
+    without yielding to the event loop in between: no reader, and no rebalance, can observe
+    one without the other. :meth:`abort` drops the buffer and rewinds.
+    """
+
+    def __init__(self, member: InProcSubscriber, transactional_id: str) -> None:
+        self.member = member
+        self.bus = member.bus
+        self.transactional_id = transactional_id
+        self._epoch = -1
+        self._pending: list[tuple[str, bytes, bytes | None, Headers]] | None = None
+
+    async def start(self) -> None:
+        self.bus._check_started()
+        self._epoch = self.bus._claim(self.transactional_id)
+        await self.member.start()
+
+    async def stop(self) -> None:
+        self._pending = None
+        await self.member.stop()
+
+    async def fetch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        return await self.member.fetch(max_records, timeout_s)
+
+    def assignment(self) -> frozenset[TopicPartition]:
+        return self.member.assignment()
+
+    def _check_epoch(self) -> None:
+        if self.bus._txn_epochs.get(self.transactional_id) != self._epoch:
+            self._pending = None
+            raise TransactionFencedError(
+                f"transactional id {self.transactional_id!r} was claimed by a newer member"
+            )
+
+    def _open(self) -> list[tuple[str, bytes, bytes | None, Headers]]:
+        self._check_epoch()
+        if self._pending is None:
+            raise BusError("no open transaction: call begin() first", retriable=False)
+        return self._pending
+
+    async def begin(self) -> None:
+        self._check_epoch()
+        if self._pending is not None:
+            raise BusError("a transaction is already open", retriable=False)
+        self._pending = []
+
+    async def publish(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | str | None = None,
+        headers: Headers = (),
+    ) -> None:
+        pending = self._open()
+        if not topic:
+            raise ConfigError("topic name must not be empty")
+        check_value(value)
+        pending.append(
+            (topic, value, key_bytes(key), tuple((str(h), bytes(v)) for h, v in headers))
+        )
+
+    async def commit(self, records: Sequence[Record]) -> None:
+        pending = self._open()
+        if not self.member._joined:
+            raise BusError(f"member {self.member.client_id} is not started", retriable=False)
+        offsets = next_offsets(records)
+        lost = sorted(set(offsets) - self.member.assignment())
+        if lost:
+            raise BusError(
+                f"partitions {lost} were revoked during the transaction; their new owner "
+                "processes these records",
+                retriable=True,
+            )
+        # From here to the offsets, no await: the outputs and the offsets land together.
+        for topic, value, key, headers in pending:
+            self.bus._append(topic, value, key, headers)
+        self.bus._commit(self.member, offsets)
+        self._pending = None
+        await self.bus._notify()
+
+    async def abort(self, records: Sequence[Record]) -> None:
+        self._pending = None
+        await self.member.rewind(records)

@@ -11,7 +11,16 @@ Delivery settings follow ARCHITECTURE.md ("Delivery"):
 * consumers read with ``isolation_level=read_committed`` so records of aborted transactions
   are never seen;
 * topics are created with the configured partition count through the admin client before
-  first use, so nothing depends on the broker's auto-create setting.
+  first use, so nothing depends on the broker's auto-create setting;
+* consume-transform-produce is exactly once with Kafka transactions
+  (:class:`KafkaTransactionalMember`): a transactional producer of its own per member, the
+  consumed offsets sent into the transaction, fencing by transactional id.
+
+Besides the bus contract, :class:`KafkaBus` offers what only Kafka can do and tools need:
+reading a range of a partition's history (:meth:`KafkaBus.read_range`), describing a topic's
+partitions, a standalone transactional producer, and positioning consumer groups at the end
+of their topics (:meth:`KafkaBus.position_groups_at_end`). Nothing outside this package
+speaks aiokafka.
 
 Every aiokafka failure surfaces as :class:`podium.errors.BusError` with ``retriable`` taken
 from the Kafka error.
@@ -23,7 +32,7 @@ import asyncio
 import logging
 import os
 import ssl
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -32,15 +41,29 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
     CommitFailedError,
+    IllegalOperation,
     IllegalStateError,
     KafkaError,
+    ProducerFenced,
     TopicAlreadyExistsError,
     for_code,
 )
 from aiokafka.helpers import create_ssl_context
+from aiokafka.structs import ConsumerRecord
 
-from podium.bus.base import Bus, Headers, Record, RecordMetadata, Subscriber, TopicSpec
-from podium.bus.inproc import key_bytes
+from podium.bus.base import (
+    Bus,
+    Headers,
+    Record,
+    RecordMetadata,
+    Subscriber,
+    TopicSpec,
+    TransactionalMember,
+    TransactionFencedError,
+    first_offsets,
+    next_offsets,
+)
+from podium.bus.inproc import check_value, key_bytes
 from podium.errors import BusError, ConfigError
 
 _log = logging.getLogger(__name__)
@@ -236,6 +259,10 @@ class KafkaBus(Bus):
         if admin is not None:
             await admin.close()
 
+    @property
+    def replication_factor(self) -> int:
+        return self.config.replication_factor
+
     def _started(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
         if self._producer is None or self._admin is None:
             raise BusError("kafka bus is not started: call await bus.start()", retriable=False)
@@ -284,8 +311,7 @@ class KafkaBus(Bus):
         headers: Headers = (),
     ) -> RecordMetadata:
         producer, _ = self._started()
-        if not isinstance(value, bytes):
-            raise ConfigError(f"record value must be bytes, not {type(value).__name__}")
+        check_value(value)
         await self.ensure_topics([topic])
         try:
             md = await producer.send_and_wait(
@@ -302,12 +328,133 @@ class KafkaBus(Bus):
         *,
         client_id: str = "",
     ) -> KafkaSubscriber:
-        if not topics:
-            raise ConfigError("a subscriber needs at least one topic")
-        if not group_id:
-            raise ConfigError("group_id must not be empty")
+        _check_member(topics, group_id)
         config = replace(self.config, client_id=client_id) if client_id else self.config
         return KafkaSubscriber(self, config, tuple(topics), group_id)
+
+    def transactional_member(
+        self,
+        topics: Sequence[str],
+        group_id: str,
+        transactional_id: str,
+        *,
+        client_id: str = "",
+    ) -> KafkaTransactionalMember:
+        _check_member(topics, group_id)
+        # Exactly-once needs read_committed: an aborted transaction's records must stay unseen.
+        config = replace(
+            self.config,
+            client_id=client_id or self.config.client_id,
+            isolation_level="read_committed",
+        )
+        member = KafkaSubscriber(self, config, tuple(topics), group_id)
+        producer = KafkaTransactionalProducer(config, transactional_id)
+        return KafkaTransactionalMember(member, producer)
+
+    def transactional_producer(
+        self, transactional_id: str, *, client_id: str = ""
+    ) -> KafkaTransactionalProducer:
+        """A (not yet started) transactional producer of its own, outside any group."""
+        config = replace(self.config, client_id=client_id) if client_id else self.config
+        return KafkaTransactionalProducer(config, transactional_id)
+
+    async def partitions(self, topic: str, *, wait_s: float = 0.0) -> list[int]:
+        """Partition numbers of ``topic``; empty if it does not exist (after ``wait_s``: a
+        topic created a moment ago takes a little while to show in the metadata)."""
+        _, admin = self._started()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            try:
+                described = await admin.describe_topics([topic])
+            except KafkaError as exc:
+                raise bus_error(f"describe topic {topic}", exc) from exc
+            found = sorted(
+                p["partition"]
+                for d in described
+                if d.get("error_code") == 0
+                for p in d["partitions"]
+            )
+            if found or loop.time() >= deadline:
+                return found
+            await asyncio.sleep(0.25)
+
+    async def position_groups_at_end(self, groups: Mapping[str, Sequence[str]]) -> None:
+        """Commit, for each consumer group, the current end offset of each of its topics.
+
+        A group that joins later then starts exactly there: it neither misses an event
+        published after this call (as ``auto_offset_reset=latest`` can, when a member resolves
+        its position only after the event) nor replays older runs (as ``earliest`` does on a
+        shared broker). Topics created a moment ago are waited for; a topic still missing
+        after 10 s is a :class:`ConfigError`.
+        """
+        for group, names in groups.items():
+            tps: list[TopicPartition] = []
+            for name in names:
+                parts = await self.partitions(name, wait_s=10.0)
+                if not parts:
+                    raise ConfigError(f"group {group}: topic {name} does not exist on the broker")
+                tps += [TopicPartition(name, p) for p in parts]
+            consumer = AIOKafkaConsumer(
+                group_id=group, enable_auto_commit=False, **self.config.client_kwargs()
+            )
+            try:
+                await consumer.start()
+                consumer.assign(tps)
+                ends = await consumer.end_offsets(tps)
+                await consumer.commit(dict(ends))
+            except (KafkaError, OSError) as exc:
+                raise bus_error(f"positioning group {group}", exc) from exc
+            finally:
+                await consumer.stop()
+
+    async def read_range(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        stop: int | None = None,
+        *,
+        max_records: int = 500,
+    ) -> AsyncIterator[list[Record]]:
+        """Committed records of one partition with offsets in ``[start, stop)``, in chunks.
+
+        Read without a consumer group (nothing is committed, nobody's position moves);
+        ``stop=None`` means the partition's end when the call starts. Records of aborted
+        transactions are skipped (read_committed), so a chunk may hold fewer offsets than the
+        range it covers.
+        """
+        consumer = AIOKafkaConsumer(
+            **self.config.client_kwargs(),
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+        )
+        tp = TopicPartition(topic, partition)
+        try:
+            await consumer.start()
+            consumer.assign([tp])
+            end = (await consumer.end_offsets([tp]))[tp]
+            stop = end if stop is None else min(stop, end)
+            if start >= stop:
+                return
+            consumer.seek(tp, start)
+            while await consumer.position(tp) < stop:
+                batch = await consumer.getmany(tp, timeout_ms=1000, max_records=max_records)
+                chunk = [_record(m) for m in batch.get(tp, []) if m.offset < stop]
+                if chunk:
+                    yield chunk
+        except (KafkaError, OSError) as exc:
+            raise bus_error(f"read {topic}[{partition}]", exc) from exc
+        finally:
+            await consumer.stop()
+
+
+def _check_member(topics: Sequence[str], group_id: str) -> None:
+    """Refuse a group member without topics or group (the in-process bus refuses the same)."""
+    if not topics:
+        raise ConfigError("a subscriber needs at least one topic")
+    if not group_id:
+        raise ConfigError("group_id must not be empty")
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -438,32 +585,15 @@ class KafkaSubscriber(Subscriber):
             raise bus_error(f"fetch for group {self.group_id}", exc) from exc
         out: list[Record] = []
         for tp, msgs in batches.items():
-            for m in msgs:
-                out.append(
-                    Record(
-                        topic=m.topic,
-                        partition=m.partition,
-                        offset=m.offset,
-                        key=m.key,
-                        value=m.value,
-                        headers=tuple((k, bytes(v)) for k, v in (m.headers or ())),
-                        timestamp_ms=m.timestamp,
-                    )
-                )
+            out += [_record(m) for m in msgs]
             if msgs:
                 self._fetched[(tp.topic, tp.partition)] = msgs[-1].offset + 1
         return out
 
     async def commit(self, records: Sequence[Record] | None = None) -> None:
         consumer = self._require()
-        if records is None:
-            wanted = dict(self._fetched)
-        else:
-            wanted = {}
-            for r in records:
-                tp = (r.topic, r.partition)
-                wanted[tp] = max(wanted.get(tp, 0), r.offset + 1)
-        live = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        wanted = dict(self._fetched) if records is None else next_offsets(records)
+        live = self._live()
         owned = {tp: off for tp, off in wanted.items() if tp in live}
         if len(owned) < len(wanted):
             _log.info(
@@ -481,5 +611,259 @@ class KafkaSubscriber(Subscriber):
             return
         except KafkaError as exc:
             raise bus_error(f"commit for group {self.group_id}", exc) from exc
-        self._committed.update(owned)
+        self._mark_committed(owned)
+
+    def _live(self) -> set[tuple[str, int]]:
+        """Partitions the consumer owns right now (the listener's view lags a rebalance)."""
+        return {(tp.topic, tp.partition) for tp in self._require().assignment()}
+
+    def _mark_committed(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Record a commit (this member's, or its transaction's) and wake a waiting revoke."""
+        self._committed.update(offsets)
         self._commit_happened.set()
+
+    async def rewind(self, records: Sequence[Record]) -> None:
+        consumer = self._require()
+        live = self._live()
+        for tp, first in first_offsets(records).items():
+            if tp in live:
+                consumer.seek(TopicPartition(*tp), first)
+                self._fetched.pop(tp, None)  # nothing of it is held any more
+        # A revoke waiting for these records must re-check: they are no longer held.
+        self._commit_happened.set()
+
+
+def _record(m: ConsumerRecord[bytes, bytes]) -> Record:
+    """An aiokafka record as a bus :class:`Record`."""
+    return Record(
+        topic=m.topic,
+        partition=m.partition,
+        offset=m.offset,
+        key=m.key,
+        value=m.value,
+        headers=tuple((k, bytes(v)) for k, v in (m.headers or ())),
+        timestamp_ms=m.timestamp,
+    )
+
+
+def _retrieve(delivery: asyncio.Future[Any]) -> None:
+    """Mark a transactional send's failure as seen.
+
+    Inside a transaction a failed send also fails the commit (or takes the producer out of the
+    transaction), which is where it is handled; without this, asyncio would log each one as a
+    "Future exception was never retrieved" traceback.
+    """
+    if not delivery.cancelled():
+        delivery.exception()
+
+
+def fatal_transaction_error(producer: AIOKafkaProducer) -> BaseException | None:
+    """The error that put ``producer``'s transaction in aiokafka's fatal state, else None.
+
+    This is the one place Podium reads aiokafka's private ``_txn_manager``, because aiokafka
+    has no public accessor: when its background sender is fenced (AddPartitionsToTxn answers
+    ProducerFenced) it takes the producer out of the transaction, and the next public call
+    only says "not in transaction"; the cause, which decides between "fenced: stop" and
+    "retry the batch", is kept on the future ``commit_transaction`` would await. Reading it
+    here also marks that future's exception as retrieved, so asyncio does not log it as lost.
+    """
+    txn = getattr(producer, "_txn_manager", None)
+    if txn is None or not txn.is_fatal_error():
+        return None
+    waiter = txn.wait_for_transaction_end()
+    cause = waiter.exception() if waiter.done() else None
+    return cause if cause is not None else BusError("transactional producer in a fatal state")
+
+
+_TXN_ERRORS = (KafkaError, IllegalOperation, OSError)
+"""What a transactional call may raise: Kafka errors, and aiokafka's IllegalOperation (not a
+KafkaError) when its background sender has taken the producer out of the transaction."""
+
+
+class KafkaTransactionalProducer:
+    """A Kafka transactional producer: records published between :meth:`begin` and
+    :meth:`commit` become visible to read_committed readers together, or (after
+    :meth:`abort`, or a crash) never.
+
+    Its :meth:`start` claims the transactional id: the broker bumps the id's epoch, which
+    aborts whatever transaction a dead predecessor left open and fences a live one.
+    Failures are :class:`BusError`: :class:`TransactionFencedError` when fenced, not
+    retriable when the producer is in a fatal state, retriable (abort, then retry the
+    transaction) otherwise.
+    """
+
+    def __init__(self, config: KafkaConfig, transactional_id: str) -> None:
+        if not transactional_id:
+            raise ConfigError("transactional_id must not be empty")
+        self.config = config
+        self.transactional_id = transactional_id
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        """Connect and claim the transactional id (InitProducerId)."""
+        if self._producer is not None:
+            return
+        producer = AIOKafkaProducer(
+            **self.config.client_kwargs(),
+            transactional_id=self.transactional_id,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=self.config.linger_ms,
+        )
+        try:
+            await producer.start()
+        except (KafkaError, OSError) as exc:
+            await producer.stop()
+            raise bus_error(f"transactional producer start ({self.transactional_id})", exc) from exc
+        self._producer = producer
+
+    async def stop(self) -> None:
+        """Disconnect; an open transaction is not committed (the broker aborts it when the id
+        is claimed again, or when it times out)."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+    def _require(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise BusError("transactional producer is not started", retriable=False)
+        return self._producer
+
+    def _failure(self, action: str, exc: BaseException) -> BusError:
+        """Classify a failure inside a transaction (see the class docstring)."""
+        producer = self._require()
+        cause: BaseException | None = exc
+        if isinstance(exc, IllegalOperation):
+            # The background sender may have failed and left the transaction; its recorded
+            # cause says why (None: a plain abortable state).
+            cause = fatal_transaction_error(producer)
+            if cause is not None and not isinstance(cause, ProducerFenced):
+                return BusError(
+                    f"transactional producer failed: {type(cause).__name__}: {cause}",
+                    retriable=False,
+                )
+        if isinstance(cause, ProducerFenced):
+            fatal_transaction_error(producer)  # seen here: asyncio need not report it as lost
+            return TransactionFencedError(
+                f"transactional id {self.transactional_id!r} was claimed by a newer producer"
+            )
+        return BusError(f"kafka {action} failed: {type(exc).__name__}: {exc}", retriable=True)
+
+    async def begin(self) -> None:
+        """Open a transaction."""
+        producer = self._require()
+        try:
+            await producer.begin_transaction()
+        except _TXN_ERRORS as exc:
+            raise self._failure("begin transaction", exc) from exc
+
+    async def publish(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | str | None = None,
+        headers: Headers = (),
+    ) -> None:
+        """Add one record to the open transaction (delivery is confirmed by the commit)."""
+        producer = self._require()
+        check_value(value)
+        try:
+            delivery = await producer.send(
+                topic, value, key=key_bytes(key), headers=[(k, bytes(v)) for k, v in headers]
+            )
+        except _TXN_ERRORS as exc:
+            raise self._failure(f"send to {topic}", exc) from exc
+        delivery.add_done_callback(_retrieve)
+
+    async def commit(
+        self, offsets: Mapping[tuple[str, int], int] | None = None, group_id: str = ""
+    ) -> None:
+        """Commit the open transaction, with ``offsets`` as ``group_id``'s consumed position."""
+        producer = self._require()
+        try:
+            if offsets:
+                await producer.send_offsets_to_transaction(
+                    {TopicPartition(t, p): off for (t, p), off in offsets.items()}, group_id
+                )
+            await producer.commit_transaction()
+        except _TXN_ERRORS as exc:
+            raise self._failure("commit transaction", exc) from exc
+
+    async def abort(self) -> None:
+        """Abort the open transaction: nothing of it becomes visible."""
+        producer = self._require()
+        try:
+            await producer.abort_transaction()
+        except _TXN_ERRORS as exc:
+            raise bus_error("abort transaction", exc) from exc
+
+
+class KafkaTransactionalMember(TransactionalMember):
+    """Exactly-once consume-transform-produce on Kafka: a :class:`KafkaSubscriber` (read
+    committed, manual offsets, revoke grace) and a :class:`KafkaTransactionalProducer` that
+    commits the subscriber's offsets inside its transaction.
+
+    On a rebalance the revoke listener waits (``revoke_grace_s``) for the transaction in hand
+    to commit, as for any batch; a commit whose partitions were revoked anyway is refused (and
+    aborted by the caller), so the new owner, not this member, produces their outputs.
+    Limitation: aiokafka's ``send_offsets_to_transaction`` takes a group id, not the group
+    metadata of KIP-447, so zombie fencing relies on one live member per transactional id.
+    """
+
+    def __init__(self, subscriber: KafkaSubscriber, producer: KafkaTransactionalProducer) -> None:
+        self.subscriber = subscriber
+        self.producer = producer
+
+    async def start(self) -> None:
+        # The producer first: claiming the id aborts a dead predecessor's open transaction
+        # before this member reads the offsets that transaction did not commit.
+        await self.producer.start()
+        try:
+            await self.subscriber.start()
+        except BaseException:
+            await self.producer.stop()
+            raise
+
+    async def stop(self) -> None:
+        try:
+            await self.subscriber.stop()
+        finally:
+            await self.producer.stop()
+
+    async def fetch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        return await self.subscriber.fetch(max_records, timeout_s)
+
+    def assignment(self) -> frozenset[tuple[str, int]]:
+        return self.subscriber.assignment()
+
+    async def begin(self) -> None:
+        await self.producer.begin()
+
+    async def publish(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | str | None = None,
+        headers: Headers = (),
+    ) -> None:
+        await self.producer.publish(topic, value, key=key, headers=headers)
+
+    async def commit(self, records: Sequence[Record]) -> None:
+        offsets = next_offsets(records)
+        lost = sorted(set(offsets) - self.subscriber._live())
+        if lost:
+            raise BusError(
+                f"partitions {lost} were revoked during the transaction; their new owner "
+                "processes these records",
+                retriable=True,
+            )
+        await self.producer.commit(offsets, self.subscriber.group_id)
+        self.subscriber._mark_committed(offsets)
+
+    async def abort(self, records: Sequence[Record]) -> None:
+        try:
+            await self.producer.abort()
+        finally:
+            await self.subscriber.rewind(records)

@@ -7,14 +7,18 @@ self-attention blocks mix them. Each subtask token emits its own START logits ov
 applied per token, the number of subtasks is a free dimension: a policy trained on tasks of
 10–30 subtasks runs unchanged on 100, and nothing in the network depends on ``max_parallel``.
 
-The flat action layout is the environment's (:mod:`podium.envs.swarm.simulator.env`)::
+The flat action layout is the environment's (:mod:`podium.envs.swarm.actions`)::
 
     index = (slot · A + agent) · 3 + j     START slot on agent with split (1, 2, 4)[j]
     index = S · A · 3                       WAIT
     index = S · A · 3 + 1                   FINISH
 
 so flattening the per-token ``[S, A·3]`` logits row-major and appending WAIT and FINISH gives
-exactly the environment's action vector.
+exactly the environment's action vector. Cutting the environment's observation and mask into
+these inputs is the environment's own encoding too (:meth:`ObservationLayout.split
+<podium.envs.swarm.observation.ObservationLayout.split>`, :meth:`ActionCodec.translate_mask
+<podium.envs.swarm.actions.ActionCodec.translate_mask>`); :class:`~podium.policy.agent.SwarmAgent`
+applies it.
 
 The ONNX / KServe-V2 signature (see ``docs/serving.md``) is this module's ``forward``:
 ``subtask_features [B, S, F]``, ``subtask_mask [B, S]`` (bool), ``global_features [B, G]``,
@@ -27,10 +31,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import torch
-from numpy.typing import NDArray
 from torch import Tensor, nn
+
+from podium.envs.swarm.actions import CONTROL_ACTIONS, SPLIT_CHOICES
 
 MASKED_LOGIT = -1.0e9
 """Logit of an invalid action: finite, so softmax and ONNX runtimes stay NaN-free."""
@@ -45,7 +49,7 @@ class NetworkConfig:
     global_features: int
     """Global features G, including the flattened running-executions table."""
     num_agents: int
-    """Agents A in the pool; START logits per token are A × 3."""
+    """Agents A in the pool; START logits per token are A × the split choices (3)."""
     d_model: int = 64
     """Width of the token embeddings."""
     heads: int = 4
@@ -111,9 +115,9 @@ class SwarmPolicyNet(nn.Module):
         self.norm = nn.LayerNorm(d)
         # START logits read the token and the global context it attended to.
         self.start_head = nn.Sequential(
-            nn.Linear(2 * d, d), nn.GELU(), nn.Linear(d, config.num_agents * 3)
+            nn.Linear(2 * d, d), nn.GELU(), nn.Linear(d, config.num_agents * SPLIT_CHOICES)
         )
-        self.control_head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 2))
+        self.control_head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, CONTROL_ACTIONS))
         self.value_head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
         # Small initial logits: the untrained policy is close to uniform over valid actions.
         for head in (self.start_head, self.control_head):
@@ -150,47 +154,3 @@ class SwarmPolicyNet(nn.Module):
         logits = torch.cat([start.reshape(b, -1), self.control_head(pooled)], dim=-1)
         logits = torch.where(action_mask, logits, torch.full_like(logits, MASKED_LOGIT))
         return logits, self.value_head(pooled).squeeze(-1)
-
-
-@dataclass(frozen=True, slots=True)
-class ObservationSplit:
-    """How to cut the environment's flat observation into the network's inputs."""
-
-    max_subtasks: int
-    """Slots S in the flat observation."""
-    slot_features: int
-    """Features per slot F (feature 0 is 'present')."""
-
-    @property
-    def slots_end(self) -> int:
-        """End of the per-slot block."""
-        return self.max_subtasks * self.slot_features
-
-    def split(
-        self, obs: NDArray[np.float32], used_slots: int | None = None
-    ) -> tuple[NDArray[np.float32], NDArray[np.bool_], NDArray[np.float32]]:
-        """``obs [B, size]`` → (subtask_features [B, S', F], subtask_mask [B, S'], globals [B, G]).
-
-        ``used_slots`` trims trailing padding slots (S' = used_slots) so attention costs what
-        the largest task in the batch needs, not the padded maximum.
-        """
-        s = self.max_subtasks if used_slots is None else used_slots
-        slots = obs[:, : self.slots_end].reshape(
-            obs.shape[0], self.max_subtasks, self.slot_features
-        )
-        slots = slots[:, :s]
-        return slots, slots[:, :, 0] > 0.5, obs[:, self.slots_end :]
-
-    def trim_mask(
-        self, mask: NDArray[np.bool_], num_agents: int, used_slots: int
-    ) -> NDArray[np.bool_]:
-        """Action mask of the full layout → the layout of ``used_slots`` slots."""
-        per_slot = num_agents * 3
-        return np.concatenate([mask[:, : used_slots * per_slot], mask[:, -2:]], axis=1)
-
-    def untrim_action(self, action: int, num_agents: int, used_slots: int) -> int:
-        """An action index in the trimmed layout → the environment's full layout."""
-        per_slot = num_agents * 3
-        if action < used_slots * per_slot:
-            return action
-        return self.max_subtasks * per_slot + (action - used_slots * per_slot)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
 from podium.rewards.config import Schedule
+from podium.rl.schedules import cosine_schedule, linear_schedule
 
 
 def anneal_fraction(progress: float, updates: int) -> float:
@@ -15,13 +14,14 @@ def anneal_fraction(progress: float, updates: int) -> float:
 
 
 def linear_anneal(start: float, end: float, t: float) -> float:
-    """start + (end − start)·t, the linear decay used for e.g. the PPO entropy coefficient."""
-    return start + (end - start) * t
+    """start + (end − start)·t for t in [0, 1]: :func:`podium.rl.schedules.linear_schedule`."""
+    return linear_schedule(start, end, t)
 
 
 def cosine_anneal(start: float, end: float, t: float) -> float:
-    """end + (start − end)·(1 + cos(π t)) / 2 (SGDR-style cosine decay, no restarts)."""
-    return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * t))
+    """end + (start − end)·(1 + cos(π t)) / 2 for t in [0, 1]:
+    :func:`podium.rl.schedules.cosine_schedule`."""
+    return cosine_schedule(start, end, t)
 
 
 def schedule_value(schedule: Schedule, progress: float) -> float:

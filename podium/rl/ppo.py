@@ -17,13 +17,16 @@ Notation follows the papers and CleanRL:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
 
 from podium.errors import ConfigError, ProcessingError
+
+# The schedules live in the torch-free podium.rl.schedules; re-exported for the learners.
+from podium.rl.schedules import cosine_schedule as cosine_schedule
+from podium.rl.schedules import linear_schedule as linear_schedule
 
 MASKED_LOGIT = -1e8
 """Logit given to invalid actions. Large and finite on purpose: ``-inf`` would turn
@@ -340,18 +343,6 @@ def ppo_loss(
         approx_kl=approx_kl,
         clip_fraction=clip_fraction,
     )
-
-
-def cosine_schedule(start: float, end: float, progress: float) -> float:
-    """Cosine decay from ``start`` (progress 0) to ``end`` (progress 1); progress is clamped."""
-    p = min(max(progress, 0.0), 1.0)
-    return end + 0.5 * (start - end) * (1.0 + math.cos(math.pi * p))
-
-
-def linear_schedule(start: float, end: float, progress: float) -> float:
-    """Linear interpolation from ``start`` (progress 0) to ``end`` (progress 1), clamped."""
-    p = min(max(progress, 0.0), 1.0)
-    return start + (end - start) * p
 
 
 def explained_variance(predicted: Tensor, target: Tensor) -> float:

@@ -23,14 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from podium.envs.swarm.actions import CONTROL_ACTIONS
 from podium.errors import PodiumError
 
 INPUT_NAMES = ("subtask_features", "subtask_mask", "global_features", "action_mask")
 """Input tensor names, in the order of the module's ``forward`` arguments."""
 OUTPUT_NAMES = ("logits", "value")
 """Output tensor names, in the order ``forward`` returns them."""
-CONTROL_ACTIONS = 2
-"""Actions after the per-subtask block: WAIT and FINISH."""
 
 
 class ObservationError(PodiumError):

@@ -30,9 +30,9 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+from podium.envs.swarm.actions import CONTROL_ACTIONS
 from podium.errors import ArtifactError
 from podium.serving.contract import (
-    CONTROL_ACTIONS,
     INPUT_NAMES,
     OUTPUT_NAMES,
     PolicyInputs,
@@ -43,7 +43,7 @@ from podium.serving.contract import (
 from podium.serving.pbtxt import CONFIG_FILE, model_config_from_text
 
 if TYPE_CHECKING:
-    from podium.envs.swarm.simulator.env import ObservationLayout
+    from podium.envs.swarm.observation import ObservationLayout
 
 MODEL_FILE = "model.onnx"
 """File name of the model inside a version directory (Triton's default for ONNX)."""
@@ -91,7 +91,7 @@ def swarm_signature(layout: ObservationLayout, n_actions: int) -> PolicySignatur
         )
     return PolicySignature(
         subtask_features=layout.slot_features,
-        global_features=layout.size - layout.slots_end,
+        global_features=layout.global_token_features,
         actions_per_subtask=k,
     )
 

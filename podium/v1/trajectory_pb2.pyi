@@ -116,7 +116,9 @@ class Action(_message.Message):
     split_k: _builtins.int
     """Split factor (START only; 1 = no split)."""
     index: _builtins.int
-    """Flat index in the policy's action space."""
+    """Flat index in the environment's action space (a START's index is the same in the task's
+    own layout; WAIT and FINISH follow the last slot of each).
+    """
     def __init__(
         self,
         *,
@@ -158,15 +160,28 @@ class Decision(_message.Message):
     value: _builtins.float
     """V(s) under the acting policy."""
     action_mask_size: _builtins.int
-    """Size of the action space (mask length)."""
+    """Size of the environment's action space (its padded slots included; `action_mask` holds
+    the task's own, smaller layout).
+    """
     valid_actions: _builtins.int
     """Number of valid actions in the mask."""
     policy_version: _builtins.str
     """Version of the policy that decided."""
     observation_tensor: _builtins.bytes
-    """Serialised observation tensor (float32 little-endian) for on-policy training; may be empty."""
+    """The observation the decision was made on, for training; empty when not recorded.
+    zlib (RFC 1950) of the observation's values as little-endian float32. For a swarm task of
+    n subtasks: the task's n slot rows row-major (n x F features), then the global token (the
+    globals, then the running-executions table: G features), i.e. the environment's
+    observation without its padding slot rows; F and G are the policy's subtask_features and
+    global_features.
+    """
     action_mask: _builtins.bytes
-    """Serialised action mask (one byte per action); may be empty."""
+    """The valid actions the decision was made under, for training; empty when not recorded.
+    One bit per action, packed 8 per byte with the first action in the most significant bit
+    of the first byte, the last byte zero-padded. For a swarm task of n subtasks and A agents:
+    the task's own action layout, n*A*3 START entries (slot-major: (slot*A + agent)*3 + split
+    choice), then WAIT, then FINISH, n*A*3 + 2 bits.
+    """
     env_reward: _builtins.float
     """Per-step reward from the environment, when it gives one."""
     @_builtins.property
@@ -317,6 +332,7 @@ class Trajectory(_message.Message):
     TEST_COVERAGE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     VERIFIER_PRESENT_FIELD_NUMBER: _builtins.int
+    BASELINE_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     """Unique id (equals the session id for live sessions)."""
     session_id: _builtins.str
@@ -365,6 +381,14 @@ class Trajectory(_message.Message):
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels (curriculum level, split, seed)."""
 
+    @_builtins.property
+    def baseline(self) -> Global___RolloutBaseline:
+        """A reference policy's return on the same (task, session seed), under the same sub-agent
+        luck (common random numbers): the rollout baseline of Kool et al. (2019). Set by a
+        simulating actor that can replay the session with the reference (e.g. the cpls rule
+        engine); live sessions cannot be replayed and leave `baseline_policy` empty.
+        """
+
     def __init__(
         self,
         *,
@@ -385,11 +409,40 @@ class Trajectory(_message.Message):
         test_coverage: _builtins.float = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         verifier_present: _builtins.bool = ...,
+        baseline: Global___RolloutBaseline | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "started_at", b"started_at", "task", b"task"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["baseline", b"baseline", "ended_at", b"ended_at", "started_at", b"started_at", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed_success", b"claimed_success", "completed", b"completed", "decisions", b"decisions", "ended_at", b"ended_at", "env", b"env", "executions", b"executions", "labels", b"labels", "latency", b"latency", "loop_detected", b"loop_detected", "lower_bound", b"lower_bound", "policy_version", b"policy_version", "session_id", b"session_id", "started_at", b"started_at", "task", b"task", "test_coverage", b"test_coverage", "trajectory_id", b"trajectory_id", "verifier_present", b"verifier_present"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline", b"baseline", "claimed_success", b"claimed_success", "completed", b"completed", "decisions", b"decisions", "ended_at", b"ended_at", "env", b"env", "executions", b"executions", "labels", b"labels", "latency", b"latency", "loop_detected", b"loop_detected", "lower_bound", b"lower_bound", "policy_version", b"policy_version", "session_id", b"session_id", "started_at", b"started_at", "task", b"task", "test_coverage", b"test_coverage", "trajectory_id", b"trajectory_id", "verifier_present", b"verifier_present"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Trajectory: _TypeAlias = Trajectory  # noqa: Y015
+
+@_typing.final
+class RolloutBaseline(_message.Message):
+    """The return a reference policy earned on the same session (see Trajectory.baseline)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    ENV_RETURN_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    """Which reference ran (e.g. "cpls"); empty means no baseline."""
+    env_return: _builtins.float
+    """Its environment return: the sum of its step rewards (-latency/bound, minus the
+    incompletion penalty when it could not finish).
+    """
+    def __init__(
+        self,
+        *,
+        policy: _builtins.str = ...,
+        env_return: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_return", b"env_return", "policy", b"policy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RolloutBaseline: _TypeAlias = RolloutBaseline  # noqa: Y015

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from aiokafka.errors import KafkaConnectionError, RecordTooLargeError
 
-from podium import cli, kafka_broker
-from podium.bus import InProcBus, KafkaBus, KafkaConfig, connect
+from podium.bus import InProcBus, KafkaBus, KafkaConfig, connect, is_kafka_url
 from podium.bus.kafka import SASL_PASSWORD_ENV, bus_error
 from podium.errors import BusError, ConfigError
+from podium_app import cli, kafka_broker
 
 
 def test_connect_picks_the_implementation_from_the_url() -> None:
@@ -22,6 +22,13 @@ def test_connect_picks_the_implementation_from_the_url() -> None:
     assert (bus.config.client_id, bus.config.linger_ms) == ("svc", 20)
     with pytest.raises(ConfigError, match="bus URL must be"):
         connect("redis://localhost:6379")
+
+
+def test_is_kafka_url_is_decided_from_the_scheme() -> None:
+    for url in ("kafka://h:1", "kafka://a:1,b:2?client_id=x", " KAFKA://h:1"):
+        assert is_kafka_url(url), url
+    for url in ("inproc://", "memory://", "", "h:9092", "kafkaesque://h:1", "redis://kafka://"):
+        assert not is_kafka_url(url), url
 
 
 def test_kafka_url_errors_name_the_problem(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,8 +27,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from podium import codec
 from podium.bus import EventPublisher, KafkaBus, KafkaConfig, TopicSpec
 from podium.errors import BusError
-from podium.kafka_broker import KafkaBroker, metadata_brokers
 from podium.v1 import task_pb2
+from podium_app.kafka_broker import KafkaBroker, metadata_brokers
 
 pytestmark = pytest.mark.kafka
 

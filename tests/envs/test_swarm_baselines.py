@@ -9,12 +9,13 @@ import statistics
 
 import pytest
 
+from podium.envs.swarm.actions import START, WAIT
 from podium.envs.swarm.baselines import CplsPolicy, GreedyPolicy, SequentialPolicy, make_policy
 from podium.envs.swarm.benchmark import bench_scheduling, run_episode
+from podium.envs.swarm.env import EnvConfig, SwarmEnv
 from podium.envs.swarm.generator import generate_task
 from podium.envs.swarm.pool import SubagentPool
-from podium.envs.swarm.simulator.env import SwarmEnv
-from podium.envs.swarm.simulator.executor import SwarmSimulator
+from podium.envs.swarm.simulator import SwarmSimulator
 from podium.envs.swarm.spec import default_pool, default_tasks
 from podium.errors import ConfigError
 
@@ -98,22 +99,20 @@ def test_policies_deterministic_and_drive_the_bare_state(name: str) -> None:
     a = run_episode(env, make_policy(name), task.name, seed=7)
     b = run_episode(env, make_policy(name), task.name, seed=7)
     assert a == b and a.completed
-    # The orchestrator service drives a SwarmState, not an env: same policy interface.
+    # Without an environment, decide() drives a bare state with the same decisions.
     sim = SwarmSimulator(task, SubagentPool(default_pool()), seed=1)
     pol = make_policy(name)
     rng = random.Random(0)
     for _ in range(10_000):
         if sim.state.all_done:
             break
-        cmd = pol.act(sim.state, rng)
-        n_slots = sim.state.num_slots
-        n_agents = sim.state.pool.num_agents
-        if cmd == n_slots * n_agents * 3:
+        cmd = pol.decide(sim.state, rng)
+        assert cmd.type in (START, WAIT)
+        if cmd.type == WAIT:
             sim.wait()
         else:
-            slot, rem = divmod(cmd, n_agents * 3)
             sim.decide()
-            sim.start(slot, rem // 3, (1, 2, 4)[rem % 3])
+            sim.start(cmd.slot, cmd.agent, cmd.k)
             sim.deliver_due()
     assert sim.state.all_done and math.isfinite(sim.state.clock)
 
@@ -130,7 +129,6 @@ def test_rule_engines_let_loop_detection_end_a_hopeless_session(name: str) -> No
     """A unit only one agent can run, failed there up to the loop limit: the rule engine
     starts it there anyway and the environment ends the session as a loop (incomplete),
     instead of the rule engine raising and taking a training run down with it."""
-    from podium.envs.swarm.simulator.env import EnvConfig
     from podium.envs.swarm.spec import parse_pool, parse_task
 
     pool = parse_pool(
@@ -145,8 +143,26 @@ def test_rule_engines_let_loop_detection_end_a_hopeless_session(name: str) -> No
     policy = make_policy(name)
     info: dict[str, object] = {}
     for _ in range(50):
-        _, _, term, trunc, info = env.step(policy.act(env))
+        _, _, term, trunc, info = env.step(policy.act(env).action)
         if term or trunc:
             break
     assert info["loop_detected"] is True and info["completed"] is False
     assert "retry loop" in str(info["loop_reason"])
+
+
+@pytest.mark.parametrize("name", ["sequential", "greedy", "cpls", "random"])
+def test_rule_engines_are_scheduling_policies(name: str) -> None:
+    """One interface for every policy: ``act(env, rng)`` gives a valid PolicyStep, stamped
+    ``rules:<name>``, the same decision ``decide`` gives on the bare state."""
+    from podium.envs.swarm.scheduling import PolicyStep, SchedulingPolicy
+
+    task = generate_task("diamond", 9, 2)
+    env = SwarmEnv(task, default_pool())
+    env.reset(seed=1)
+    policy: SchedulingPolicy = make_policy(name)
+    assert policy.name == name and policy.version == f"rules:{name}"
+    step = policy.act(env, random.Random(0))
+    assert isinstance(step, PolicyStep) and step.log_prob == 0.0 and step.value == 0.0
+    assert env.action_masks()[step.action]
+    cmd = make_policy(name).decide(env.state, random.Random(0))
+    assert cmd.encode(env.codec) == step.action

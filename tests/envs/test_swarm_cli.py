@@ -1,4 +1,4 @@
-"""The swarm CLI commands end to end through ``podium.cli.main``."""
+"""The swarm CLI commands end to end through ``podium_app.cli.main``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from podium.cli import main
 from podium.envs.swarm.generator import generate_task
 from podium.envs.swarm.spec import task_to_dict
+from podium_app.cli import main
 
 
 def test_bench_scheduling_writes_the_documented_json(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any
 
@@ -11,13 +12,14 @@ from gymnasium.utils.env_checker import check_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from podium.envs.swarm.actions import valid_action_mask
+from podium.envs.swarm.env import EnvConfig, SwarmEnv
 from podium.envs.swarm.generator import generate_task
 from podium.envs.swarm.pool import SubagentPool
-from podium.envs.swarm.simulator.env import EnvConfig, SwarmEnv, valid_action_mask
-from podium.envs.swarm.simulator.executor import SwarmSimulator
+from podium.envs.swarm.simulator import SwarmSimulator
 from podium.envs.swarm.spec import default_pool, parse_pool, parse_task
 from podium.envs.swarm.state import InvalidActionError
-from podium.envs.swarm.trajectory import episode_trajectory
+from podium.envs.swarm.trajectory import DecisionData, episode_trajectory
 from podium.errors import ConfigError
 from podium.v1 import subtask_pb2, trajectory_pb2
 
@@ -164,7 +166,7 @@ def test_masks_never_exceed_max_parallel_and_match_rules(
         assert len(valid) > 0
         _, _, term, trunc, _ = env.step(int(valid[rng.randrange(len(valid))]))
         assert len(env.state.running) <= mp
-        assert env.observation_space.contains(env._obs)
+        assert env.observation_space.contains(np.array(env.observation()))
         if term or trunc:
             break
 
@@ -338,9 +340,7 @@ def test_trajectory_carries_policy_stats_and_failures() -> None:
     traj = episode_trajectory(
         env,
         policy_version="v7",
-        log_probs=[-0.5] * n,
-        values=[1.5] * n,
-        rewards=rewards,
+        data=DecisionData(log_probs=[-0.5] * n, values=[1.5] * n, rewards=rewards),
         labels={"split": "train"},
     )
     assert [e.outcome for e in traj.executions] == [
@@ -361,26 +361,26 @@ def test_trajectory_carries_policy_stats_and_failures() -> None:
     )
     assert traj.labels["split"] == "train" and traj.completed
     with pytest.raises(ConfigError, match="log_probs has 1 entries for 6 decisions"):
-        episode_trajectory(env, log_probs=[0.0])
+        episode_trajectory(env, data=DecisionData(log_probs=[0.0]))
 
 
 def _advice(env: SwarmEnv, obs: np.ndarray) -> tuple[str, int, int, int]:
     """Decode the advice columns of an observation: ("start", slot, agent, k) / ("wait"|...)."""
     lay = env.layout
-    A = len(lay.agents)
-    col = lay.slot_features - (1 + A + 3)
+    col = lay.slot_col
     rows = obs[: lay.slots_end].reshape(lay.max_subtasks, lay.slot_features)
-    flagged = np.flatnonzero(rows[:, col] > 0.5)
-    control = obs[lay.globals_end - 2 : lay.globals_end]
+    flagged = np.flatnonzero(rows[:, col.advised] > 0.5)
+    g = obs[lay.global_block.slice]
+    control = g[lay.global_col.advice.slice]
     if len(flagged):
         assert len(flagged) == 1 and not control.any(), "advice names one decision"
         row = rows[flagged[0]]
-        agents = np.flatnonzero(row[col + 1 : col + 1 + A])
-        splits = np.flatnonzero(row[col + 1 + A :])
+        agents = np.flatnonzero(row[col.advised_agent.slice])
+        splits = np.flatnonzero(row[col.advised_split.slice])
         assert len(agents) == 1 and len(splits) == 1
         return "start", int(flagged[0]), int(agents[0]), (1, 2, 4)[int(splits[0])]
     assert control.sum() == 1.0
-    return ("wait" if control[0] else "finish"), -1, -1, 0
+    return ("wait" if g[lay.global_col.advised_wait] else "finish"), -1, -1, 0
 
 
 def test_rule_advice_columns_carry_the_cpls_decision_at_every_step() -> None:
@@ -399,14 +399,14 @@ def test_rule_advice_columns_carry_the_cpls_decision_at_every_step() -> None:
     while not done:
         kind, slot, agent, k = _advice(env, obs)
         kinds_seen.add(kind)
-        want = env.codec.decode(cpls.act(env))
+        want = env.codec.decode(cpls.act(env).action)
         if kind == "start":
             assert want == (1, slot, agent, k)
         else:
             assert want[0] == (2 if kind == "wait" else 3)
         # Follow the advice mostly, sometimes another valid action: advice must track states
         # cpls itself would never reach.
-        a = cpls.act(env)
+        a = cpls.act(env).action
         if rng.random() < 0.3:
             a = int(rng.choice(np.flatnonzero(env.action_masks())))
         obs, _, term, trunc, _ = env.step(a)
@@ -424,14 +424,14 @@ def test_rule_advice_off_leaves_the_columns_zero_in_the_same_layout() -> None:
     differs = np.flatnonzero(o_on != o_off)
     assert len(differs) > 0
     lay = on.layout
-    A = len(lay.agents)
-    cols = set(range(lay.slot_features - (1 + A + 3), lay.slot_features))
+    cols = set(range(lay.slot_col.advice.start, lay.slot_col.advice.stop))
+    flags = lay.global_block.start + lay.global_col.advice.start
     for i in differs:
         if i < lay.slots_end:
             assert i % lay.slot_features in cols
         else:
-            assert lay.globals_end - 2 <= i < lay.globals_end
-    assert not o_off[lay.globals_end - 2 : lay.globals_end].any()
+            assert flags <= i < flags + 2
+    assert not o_off[flags : flags + 2].any()
 
 
 def test_replicas_share_set_up_and_behave_like_independent_envs() -> None:
@@ -453,7 +453,7 @@ def test_replicas_share_set_up_and_behave_like_independent_envs() -> None:
             seen = [obs]
             done = False
             while not done:
-                obs, _, term, trunc, info = env.step(cpls.act(env))
+                obs, _, term, trunc, info = env.step(cpls.act(env).action)
                 seen.append(obs)
                 done = term or trunc
             traces.append((np.stack(seen), info["latency"]))
@@ -476,7 +476,7 @@ def test_common_random_numbers_luck_follows_the_unit_of_work_not_the_start_order
         env.reset(seed=21)
         done = False
         while not done:
-            _, _, term, trunc, _ = env.step(policy.act(env))
+            _, _, term, trunc, _ = env.step(policy.act(env).action)
             done = term or trunc
         st = env.state
         runs.append(
@@ -498,7 +498,7 @@ def test_common_random_numbers_luck_follows_the_unit_of_work_not_the_start_order
     cpls = CplsPolicy()
     done = False
     while not done:
-        _, _, term, trunc, _ = env.step(cpls.act(env))
+        _, _, term, trunc, _ = env.step(cpls.act(env).action)
         done = term or trunc
     other = {
         (r.slot, env.state.u_part[r.unit], r.attempt, r.agent): r.end - r.start
@@ -506,3 +506,69 @@ def test_common_random_numbers_luck_follows_the_unit_of_work_not_the_start_order
     }
     common = set(other) & set(runs[0])
     assert sum(other[k] != runs[0][k][0] for k in common) > len(common) // 2
+
+
+def _play_out(env: SwarmEnv, policy: Any) -> tuple[float, list[np.ndarray]]:
+    """Run ``policy`` to the end of the episode; (latency, observations seen)."""
+    seen = []
+    while True:
+        obs, _, term, trunc, info = env.step(policy.act(env).action)
+        seen.append(obs)
+        if term or trunc:
+            return float(info["latency"]), seen
+
+
+@pytest.mark.parametrize("how", ["clone", "deepcopy"])
+def test_a_clone_taken_mid_episode_continues_exactly_and_leaves_the_original_alone(
+    how: str,
+) -> None:
+    """A clone continued with cpls under the same seed ends at exactly the original's latency
+    through exactly the same observations, and running it does not disturb the original."""
+    from podium.envs.swarm.baselines import CplsPolicy
+
+    task = generate_task("layered", 30, 6)
+    config = EnvConfig(max_subtasks=32, invalid_action="raise")  # a stale mask would raise
+    env = SwarmEnv(task, default_pool(), config)
+    env.reset(seed=13)
+    rng = random.Random(1)
+    prefix = []
+    for _ in range(25):  # a random prefix: failures, retries and splits in flight
+        a = int(rng.choice(np.flatnonzero(env.action_masks())))
+        prefix.append(a)
+        env.step(a)
+    assert env.state.running, "the clone should be taken with executions in flight"
+    twin = env.clone() if how == "clone" else copy.deepcopy(env)
+    assert twin.pool is env.pool and twin._static is env._static  # set-up is shared
+    obs, mask = env.observation().copy(), env.action_masks().copy()
+    decisions, clock = list(env.decisions), env.state.clock
+    np.testing.assert_array_equal(twin.observation(), obs)
+    np.testing.assert_array_equal(twin.action_masks(), mask)
+
+    twin_latency, twin_seen = _play_out(twin, CplsPolicy())
+    # The original is exactly where it was.
+    np.testing.assert_array_equal(env.observation(), obs)
+    np.testing.assert_array_equal(env.action_masks(), mask)
+    assert env.decisions == decisions and env.state.clock == clock
+    latency, seen = _play_out(env, CplsPolicy())
+    assert twin_latency == latency
+    np.testing.assert_array_equal(np.stack(twin_seen), np.stack(seen))
+    # ... and it is what an environment that was never cloned does.
+    fresh = SwarmEnv(task, default_pool(), config)
+    fresh.reset(seed=13)
+    for a in prefix:
+        fresh.step(a)
+    assert _play_out(fresh, CplsPolicy())[0] == latency
+    # Later episodes match too: the clone carries the reset seed stream along.
+    np.testing.assert_array_equal(twin.reset()[0], env.reset()[0])
+
+
+def test_an_invalid_action_that_raises_is_not_recorded_as_a_decision() -> None:
+    env = SwarmEnv(
+        _task({"id": "a", "kind": "ui", "work": 1.0}), DET_POOL, EnvConfig(invalid_action="raise")
+    )
+    env.reset(seed=0)
+    with pytest.raises(InvalidActionError):
+        env.step(env.codec.wait)
+    assert env.decisions == []
+    env.step(env.codec.start(0, UI))
+    assert len(env.decisions) == 1 and env.decisions[0][0] == env.codec.start(0, UI)

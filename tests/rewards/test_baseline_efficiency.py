@@ -67,7 +67,7 @@ def _env_pair(
         env.reset(seed=seed)
         policy, rng = make_policy(name), random.Random(seed)
         while True:
-            _, _, terminated, truncated, _ = env.step(policy.act(env, rng))
+            _, _, terminated, truncated, _ = env.step(policy.act(env, rng).action)
             if terminated or truncated:
                 break
         out.append(episode_trajectory(env, policy_version=name))

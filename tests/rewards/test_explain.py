@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from podium.cli import main
+from podium_app.cli import main
 from podium.codec import message_from_json
 from podium.rewards import DETECTORS, default_config, score
 from podium.rewards.examples import EXAMPLES
@@ -77,7 +77,7 @@ def test_explain_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> N
     ]
     for args, needle in cases:
         proc = subprocess.run(
-            [sys.executable, "-m", "podium.cli", "reward", "explain", *args],
+            [sys.executable, "-m", "podium_app.cli", "reward", "explain", *args],
             capture_output=True,
             text=True,
             cwd=ROOT,

@@ -47,7 +47,7 @@ async def _read(bootstrap: str, topic: str) -> list[bytes]:
 
 def _rescore(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "podium.cli", "reward", "rescore", *args],
+        [sys.executable, "-m", "podium_app.cli", "reward", "rescore", *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,

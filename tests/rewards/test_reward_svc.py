@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,24 +11,28 @@ from pathlib import Path
 import pytest
 
 from podium import codec, topics
-from podium.bus import InProcBus
+from podium.bus import InProcBus, is_kafka_url
 from podium.bus.consumer import DLQ_SOURCE_OFFSET
+from podium.config import from_env
 from podium.errors import ConfigError, DecodeError
 from podium.rewards import InvalidTrajectoryError, default_config, score
 from podium.rewards.events import score_record
 from podium.rewards.examples import EXAMPLES, clean
 from podium.v1 import reward_pb2
-from reward_svc.bus_loop import BusRewardService
-from reward_svc.config import from_env
+from reward_svc.app import RewardApp, score_trajectory
+from reward_svc.config import RewardServiceConfig
 
 ROOT = Path(__file__).parents[2]
 
 
 def test_from_env_requires_the_bus_and_names_it() -> None:
-    with pytest.raises(ConfigError, match=r"^PODIUM_BUS: not set"):
-        from_env({})
-    with pytest.raises(ConfigError, match=r"^PODIUM_BUS: expected"):
-        from_env({"PODIUM_BUS": "redis://x"})
+    with pytest.raises(ConfigError, match=r"PODIUM_BUS is required but not set"):
+        from_env(RewardServiceConfig, {})
+    with pytest.raises(ConfigError, match=r"PODIUM_BUS='redis://x' is invalid: expected kafka://"):
+        from_env(RewardServiceConfig, {"PODIUM_BUS": "redis://x"})
+    # A standalone process on an in-process bus would talk to nobody: refused, like every service.
+    with pytest.raises(ConfigError, match=r"PODIUM_BUS='inproc://' is invalid"):
+        from_env(RewardServiceConfig, {"PODIUM_BUS": "inproc://"})
 
 
 @pytest.mark.parametrize(
@@ -36,23 +40,54 @@ def test_from_env_requires_the_bus_and_names_it() -> None:
     [
         ("PODIUM_REWARD_MAX_BATCH", "0"),
         ("PODIUM_REWARD_MAX_BATCH", "many"),
+        ("PODIUM_REWARD_POLL_MS", "0"),
         ("PODIUM_REWARD_PROGRESS", "-1"),
+        ("PODIUM_REWARD_PROGRESS", "nan"),
+        ("PODIUM_REWARD_RECORD_DELAY_MS", "-1"),
         ("PODIUM_REWARD_CONFIG", "/nonexistent/reward.yaml"),
-        ("PODIUM_REWARD_GROUP", " "),
+        ("PODIUM_LOG_LEVEL", "LOUD"),
     ],
 )
 def test_from_env_bad_values_name_the_variable(var: str, value: str) -> None:
-    with pytest.raises(ConfigError, match=rf"^{var}:"):
-        from_env({"PODIUM_BUS": "kafka://127.0.0.1:9092", var: value})
+    with pytest.raises(ConfigError, match=rf"{var}={value!r} is invalid"):
+        from_env(RewardServiceConfig, {"PODIUM_BUS": "kafka://127.0.0.1:9092", var: value})
 
 
 def test_from_env_defaults_use_the_topic_constants() -> None:
-    cfg = from_env({"PODIUM_BUS": "inproc://"})
+    cfg = from_env(RewardServiceConfig, {"PODIUM_BUS": "kafka://h:1"})
     assert (cfg.in_topic, cfg.out_topic) == (topics.TRAJECTORIES, topics.SCORED_TRAJECTORIES)
-    assert not cfg.is_kafka
+    assert (cfg.group_id, cfg.max_batch, cfg.fixed_progress) == ("reward_svc", 100, None)
+    assert is_kafka_url(cfg.bus_url)
+    assert not is_kafka_url(RewardServiceConfig(bus_url="inproc://").bus_url)
     assert (
-        from_env({"PODIUM_BUS": "kafka://h:1", "PODIUM_REWARD_PROGRESS": "5"}).fixed_progress == 5
+        from_env(
+            RewardServiceConfig, {"PODIUM_BUS": "kafka://h:1", "PODIUM_REWARD_PROGRESS": "5"}
+        ).fixed_progress
+        == 5
     )
+    # Shared settings come from the shared variables.
+    shared = from_env(
+        RewardServiceConfig,
+        {"PODIUM_BUS": "kafka://h:1", "PODIUM_INSTANCE": "r-7", "PODIUM_TOPIC_PARTITIONS": "6"},
+    )
+    assert (shared.instance, shared.producer_name, shared.topic_partitions) == ("r-7", "r-7", 6)
+
+
+def test_transactional_id_is_unique_per_replica_unless_set() -> None:
+    """Replicas must not fence each other: the default comes from the instance or host name."""
+    a = RewardServiceConfig(bus_url="kafka://h:1", instance="reward-a")
+    b = RewardServiceConfig(bus_url="kafka://h:1", instance="reward-b")
+    assert (a.transactional_id, b.transactional_id) == (
+        "reward_svc-reward-a",
+        "reward_svc-reward-b",
+    )
+    host = RewardServiceConfig(bus_url="kafka://h:1")
+    assert host.transactional_id == f"reward_svc-{socket.gethostname()}"
+    explicit = from_env(
+        RewardServiceConfig,
+        {"PODIUM_BUS": "kafka://h:1", "PODIUM_REWARD_TRANSACTIONAL_ID": "reward-0"},
+    )
+    assert explicit.transactional_id == "reward-0"
 
 
 def test_service_fails_fast_naming_the_missing_variable() -> None:
@@ -101,13 +136,26 @@ def test_transform_rejects_poison_with_non_retriable_errors() -> None:
     assert not info.value.retriable
 
 
-async def test_bus_loop_scores_every_trajectory_and_dead_letters_poison() -> None:
+def test_score_trajectory_matches_score_record() -> None:
+    """The service's transform and ``podium reward rescore``'s agree on ids, keys and totals."""
+    traj = clean()
+    traj.policy_version = "orchestrator:7"
+    _, data = codec.encode_event(traj, producer="test", key=traj.session_id)
+    cfg = default_config()
+    out = score_trajectory(codec.decode_envelope(data), cfg, out_topic="scored")
+    rec = score_record(data, cfg, producer="t")
+    assert (out.topic, out.key, out.event_id) == ("scored", rec.key, rec.event_id)
+    scored = codec.decode_event(rec.value, reward_pb2.ScoredTrajectory)[1]
+    assert out.message == scored
+
+
+async def test_inproc_loop_scores_every_trajectory_and_dead_letters_poison() -> None:
     bus = InProcBus()
     await bus.start()
     try:
-        cfg = from_env({"PODIUM_BUS": "inproc://", "PODIUM_REWARD_MAX_BATCH": "4"})
-        svc = BusRewardService(bus, cfg, default_config())
-        run = asyncio.create_task(svc.run())
+        cfg = RewardServiceConfig(bus_url="inproc://", max_batch=4)
+        svc = RewardApp(cfg, default_config(), bus)
+        await svc.start()
         sent = []
         for i, build in enumerate(EXAMPLES.values()):
             traj = build()
@@ -132,8 +180,9 @@ async def test_bus_loop_scores_every_trajectory_and_dead_letters_poison() -> Non
             if len(got) >= len(sent) and dead:
                 break
         await svc.stop()
-        await run
+        await svc.wait()
         assert sorted(got) == sorted(sent)
+        assert svc.transformer.stats.dead_lettered == 1
         assert len(dead) == 1 and dead[0].value == b"poison"
         assert dead[0].header(DLQ_SOURCE_OFFSET) is not None
     finally:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from podium.cli import main
+from podium_app.cli import main
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from podium.commands.demo import run_demo
+from podium_app.commands.demo import run_demo
 from podium.envs.swarm.spec import default_tasks_dir
 from podium.v1 import session_service_pb2 as ss
 
@@ -38,7 +38,7 @@ async def test_demo_runs_the_whole_flow() -> None:
 def test_podium_demo_command_is_quick_and_clear() -> None:
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "podium.cli", "demo"],
+        [sys.executable, "-m", "podium_app.cli", "demo"],
         cwd=ROOT,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
         capture_output=True,
@@ -58,7 +58,7 @@ def test_demo_rejects_a_bad_task_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nsubtasks:\n  - {id: a, kind: ui, work: 0}\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "podium.cli", "demo", "--task", str(bad)],
+        [sys.executable, "-m", "podium_app.cli", "demo", "--task", str(bad)],
         cwd=ROOT,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
         capture_output=True,

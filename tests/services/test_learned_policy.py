@@ -20,14 +20,14 @@ from podium.bus import InProcBus
 from podium.bus.consumer import EventPublisher
 from podium.envs.swarm import EnvConfig, SwarmEnv, TaskSpec, default_pool
 from podium.envs.swarm.generator import generate_suite
-from podium.envs.swarm.simulator.executor import SwarmSimulator
+from podium.envs.swarm.simulator import SwarmSimulator
 from podium.envs.swarm.state import StateConfig
 from podium.envs.swarm.trajectory import task_to_proto
+from podium.policy.agent import SwarmAgent
 from podium.policy.artifacts import ArtifactRef
-from podium.train.agent import SwarmAgent
-from podium.train.episodes import episode_from_trajectory
-from podium.train.policy import MODEL_NAME, save_policy
-from podium.train.rollout import Job, run_episodes
+from podium.policy.decisions import episode_from_trajectory
+from podium.policy.rollout import Job, run_episodes
+from podium.policy.swarm import MODEL_NAME, save_policy
 from podium.v1 import reward_pb2, task_pb2, trajectory_pb2
 from subagent_svc import SubagentApp, SubagentConfig
 
@@ -39,14 +39,13 @@ class SeededEnv(SwarmEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         _, info = super().reset(seed=seed, options=options)
-        self.sim = SwarmSimulator(
+        sim = SwarmSimulator(
             self.task,
             self.pool,
             seed=self.session_seed,
             config=StateConfig(loop_retry_limit=self.config.loop_retry_limit),
         )
-        self._refresh()
-        return self._obs.copy(), info
+        return self.use_simulator(sim), info
 
 
 @pytest.fixture
@@ -196,7 +195,7 @@ async def test_training_sessions_sample_and_match_the_embedded_trainer_bytes(
         greedy = await run_session(bus, orch, task, seed, "eval:y")
         assert sampled.labels["actions"] == "sampled"
         ep = episode_from_trajectory(
-            sampled, layout.slot_features, layout.size - layout.slots_end, len(layout.agents)
+            sampled, layout.slot_features, layout.global_token_features, len(layout.agents)
         )
         assert ep.policy_version == 1 and ep.length == len(sampled.decisions)
         assert np.all(ep.log_probs <= 0)

@@ -12,9 +12,9 @@ from orchestrator_svc.policy import make_policy
 from orchestrator_svc.specs import parse_task_text
 from podium import codec, topics
 from podium.bus import InProcBus
+from podium.envs.swarm import EnvConfig, SwarmEnv
 from podium.envs.swarm.baselines import make_policy as make_baseline
-from podium.envs.swarm.simulator.env import EnvConfig, SwarmEnv
-from podium.envs.swarm.simulator.executor import SwarmSimulator
+from podium.envs.swarm.simulator import SwarmSimulator
 from podium.envs.swarm.spec import default_pool, default_tasks_dir, load_task
 from podium.envs.swarm.state import StateConfig
 from podium.errors import ConfigError
@@ -33,13 +33,17 @@ def simulate(
     )
     env.reset(seed=0, options={"task": task})
     # The orchestrator seeds its executor with the session seed directly; do the same here.
-    env.sim = SwarmSimulator(
-        task, env.pool, seed=seed, config=StateConfig(loop_retry_limit=env.config.loop_retry_limit)
+    env.use_simulator(
+        SwarmSimulator(
+            task,
+            env.pool,
+            seed=seed,
+            config=StateConfig(loop_retry_limit=env.config.loop_retry_limit),
+        )
     )
-    env._refresh()
     engine = make_baseline(policy)
     while True:
-        _, _, terminated, truncated, info = env.step(engine.act(env))
+        _, _, terminated, truncated, info = env.step(engine.act(env).action)
         if terminated or truncated:
             break
     st = env.state

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import FrozenInstanceError, dataclass
@@ -12,7 +14,7 @@ import pytest
 
 from learner_svc.config import LearnerConfig
 from orchestrator_svc.config import OrchestratorConfig
-from podium.config import ServiceConfig, env, env_var, from_env, parse_bus_url
+from podium.config import HealthConfig, ServiceConfig, env, env_var, from_env, parse_bus_url
 from podium.errors import ConfigError
 from subagent_svc.config import SubagentConfig
 
@@ -130,9 +132,55 @@ def test_entrypoint_exits_2_naming_the_missing_variable(module: str) -> None:
 
 
 def test_docs_list_every_setting() -> None:
-    import dataclasses
-
     text = (ROOT / "docs" / "services.md").read_text()
     for cls in (OrchestratorConfig, SubagentConfig, LearnerConfig):
         for f in dataclasses.fields(cls):
             assert f"`{f.metadata['env']}`" in text, f"{f.metadata['env']} missing from docs"
+
+
+SERVICE_CONFIGS = [OrchestratorConfig, SubagentConfig, LearnerConfig]
+
+
+@pytest.mark.parametrize("cls", SERVICE_CONFIGS)
+def test_shared_settings_come_from_the_base_only(cls: type[ServiceConfig]) -> None:
+    """Bus, instance, log level, partitions, shutdown timeout and health port are declared once,
+    in ServiceConfig: a service field reading one of those variables would shadow it."""
+    shared = {f.metadata["env"] for f in dataclasses.fields(ServiceConfig)}
+    assert {"PODIUM_BUS", "PODIUM_HEALTH_PORT", "PODIUM_SHUTDOWN_TIMEOUT_S"} <= shared
+    base_fields = {f.name for f in dataclasses.fields(ServiceConfig)}
+    own = [f for f in dataclasses.fields(cls) if f.name not in base_fields]
+    assert not [f.metadata["env"] for f in own if f.metadata.get("env") in shared]
+    assert issubclass(cls, HealthConfig)
+
+
+@pytest.mark.parametrize("cls", SERVICE_CONFIGS)
+def test_health_port_is_a_shared_setting(cls: type[ServiceConfig]) -> None:
+    assert from_env(cls, KAFKA).health_port == 0  # default: any free port
+    assert from_env(cls, {**KAFKA, "PODIUM_HEALTH_PORT": "8081"}).health_port == 8081
+    with pytest.raises(ConfigError, match=r"PODIUM_HEALTH_PORT='70000' is invalid: expected a TCP"):
+        from_env(cls, {**KAFKA, "PODIUM_HEALTH_PORT": "70000"})
+
+
+@pytest.mark.parametrize("module", ["subagent_svc", "reward_svc"])
+def test_a_taken_health_port_fails_the_process_before_it_connects(module: str) -> None:
+    """The health server is bound before the bus connects: no broker is needed to see it fail
+    (the broker address here has nobody behind it), and the message names the variable."""
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("PODIUM_")}
+        environ.update(
+            PYTHONPATH=str(ROOT), PODIUM_BUS="kafka://127.0.0.1:1", PODIUM_HEALTH_PORT=str(port)
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", module],
+            env=environ,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1, proc.stderr
+    assert f"PODIUM_HEALTH_PORT={port}: cannot serve grpc.health.v1" in proc.stderr
+    assert "Traceback" not in proc.stderr

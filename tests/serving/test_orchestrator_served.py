@@ -30,9 +30,9 @@ from podium.envs.swarm.generator import generate_suite
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.serving.backends import LocalPolicy, ServedPolicy
 from podium.serving.contract import PolicyInputs
-from podium.train.agent import SwarmAgent
-from podium.train.episodes import episode_from_trajectory
-from podium.train.policy import (
+from podium.policy.agent import SwarmAgent
+from podium.policy.decisions import episode_from_trajectory
+from podium.policy.swarm import (
     MODEL_NAME,
     export_swarm_policy,
     save_policy,

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from podium.cli import main
+from podium_app.cli import main
 from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool
 from podium.envs.swarm.benchmark import bench_scheduling, run_episode
 from podium.envs.swarm.generator import generate_task
 from podium.envs.swarm.spec import load_tasks, task_to_dict
 from podium.errors import ConfigError
-from podium.train.agent import SwarmAgent
-from podium.train.policy import LearnedPolicy, save_policy
+from podium.policy.agent import SwarmAgent
+from podium.policy.swarm import LearnedPolicy, save_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 EPISODES = 2
@@ -154,7 +154,7 @@ def test_extra_policies_are_named_and_cannot_replace_the_reference(
 def test_rule_engine_benchmark_never_imports_torch(files: dict[str, Path]) -> None:
     code = (
         "import sys\n"
-        "from podium.cli import main\n"
+        "from podium_app.cli import main\n"
         f"rc = main(['bench', 'scheduling', '--tasks', {str(files['task'])!r}, '--episodes', '1'])\n"
         "assert rc == 0, rc\n"
         "print('torch' in sys.modules)\n"

@@ -8,20 +8,20 @@ import numpy as np
 import pytest
 import torch
 
-from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool
-from podium.envs.swarm.generator import generate_suite
-from podium.errors import ArtifactError, DecodeError
-from podium.train.agent import SwarmAgent
-from podium.train.episodes import episode_from_trajectory
-from podium.train.learn import (
+from learner_svc.algorithms.swarm import (
     SwarmPPOConfig,
     behaviour_cloning,
     collate,
     episode_advantages,
     ppo_update,
 )
-from podium.train.policy import LearnedPolicy, load_policy, resolve_checkpoint, save_policy
-from podium.train.rollout import Job, run_episodes
+from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool
+from podium.envs.swarm.generator import generate_suite
+from podium.errors import ArtifactError, DecodeError
+from podium.policy.agent import SwarmAgent
+from podium.policy.decisions import episode_from_trajectory
+from podium.policy.rollout import Job, run_episodes
+from podium.policy.swarm import LearnedPolicy, load_policy, resolve_checkpoint, save_policy
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_episode_survives_the_trajectory_wire_format(
     for ep, traj in zip(eps, trajs, strict=True):
         wire = type(traj).FromString(traj.SerializeToString())
         back = episode_from_trajectory(
-            wire, lay.slot_features, lay.size - lay.slots_end, len(lay.agents)
+            wire, lay.slot_features, lay.global_token_features, len(lay.agents)
         )
         np.testing.assert_array_equal(back.slots, ep.slots)
         np.testing.assert_array_equal(back.globals_, ep.globals_)
@@ -72,7 +72,7 @@ def test_corrupt_tensors_are_rejected_with_a_clear_error(
     traj = trajs[0]
     traj.decisions[1].observation_tensor = b"not zlib"
     with pytest.raises(DecodeError, match=r"decision 1.*observation_tensor"):
-        episode_from_trajectory(traj, lay.slot_features, lay.size - lay.slots_end, len(lay.agents))
+        episode_from_trajectory(traj, lay.slot_features, lay.global_token_features, len(lay.agents))
 
 
 def test_collate_pads_and_remaps_control_actions(setup: tuple[list[SwarmEnv], list[Job]]) -> None:
@@ -92,7 +92,7 @@ def test_collate_pads_and_remaps_control_actions(setup: tuple[list[SwarmEnv], li
 
 
 def test_advantages_match_a_hand_computation() -> None:
-    from podium.train.episodes import Episode
+    from podium.policy.decisions import Episode
 
     ep = Episode(
         n=1,
@@ -163,7 +163,7 @@ def test_checkpoint_round_trip_and_tampering(
     policy = LearnedPolicy.from_checkpoint(ref.path)
     env = envs[0]
     env.reset(seed=1, options={"task": jobs[0].task})
-    assert env.action_masks()[policy.act(env)]
+    assert env.action_masks()[policy.act(env).action]
     data = bytearray(ref.path.read_bytes())
     data[-10] ^= 0xFF
     ref.path.write_bytes(bytes(data))
@@ -173,7 +173,7 @@ def test_checkpoint_round_trip_and_tampering(
 
 def test_guard_mask_removes_only_the_starts_loop_detection_would_end() -> None:
     from podium.envs.swarm import parse_pool, parse_task
-    from podium.train.agent import guard_mask
+    from podium.policy.agent import guard_mask
 
     pool = parse_pool(
         {
@@ -242,3 +242,56 @@ def test_critic_only_update_moves_the_value_head_and_nothing_else(
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("value_head."))
     err1, bias1 = value_error()
     assert err1 < 0.8 * err0 and abs(bias1) < 0.2, (err0, bias0, err1, bias1)
+
+
+def test_decision_tensors_decode_by_the_documented_wire_layout() -> None:
+    """``Decision.observation_tensor`` and ``action_mask`` as trajectory.proto documents them,
+    decoded with nothing but zlib and integer arithmetic: the observation without its padding
+    slot rows, and the mask of the task's own action layout, first action in the most
+    significant bit."""
+    import zlib
+
+    from podium.envs.swarm import make_policy
+    from podium.envs.swarm.generator import generate_task
+    from podium.envs.swarm.trajectory import episode_trajectory
+    from podium.policy.decisions import EpisodeRecorder
+
+    task = generate_task("diamond", 7, 3)
+    env = SwarmEnv([task], default_pool(), EnvConfig(max_subtasks=12, invalid_action="raise"))
+    n, S, A = len(task.subtasks), 12, env.pool.num_agents
+    F, G = env.layout.slot_features, env.layout.global_token_features
+    cpls = make_policy("cpls")
+    recorder = EpisodeRecorder(env.layout, env.codec, n)
+    obs, _ = env.reset(seed=2)
+    seen = []
+    done = False
+    while not done:
+        mask = env.action_masks().copy()
+        a = cpls.act(env).action
+        recorder.record(obs, mask, a)
+        seen.append((obs, mask))
+        obs, reward, term, trunc, _ = env.step(a)
+        recorder.reward(reward)
+        done = term or trunc
+    traj = episode_trajectory(env, data=recorder.decision_data())
+    wire = type(traj).FromString(traj.SerializeToString())
+    n_actions = n * A * 3 + 2
+    for d, (full_obs, full_mask) in zip(wire.decisions, seen, strict=True):
+        values = np.frombuffer(zlib.decompress(d.observation_tensor), dtype="<f4")
+        assert values.shape == (n * F + G,)
+        rows = full_obs[: S * F].reshape(S, F)
+        np.testing.assert_array_equal(values[: n * F].reshape(n, F), rows[:n])
+        np.testing.assert_array_equal(values[n * F :], full_obs[S * F :])
+        assert not rows[n:].any()  # what was dropped is padding
+        data = d.action_mask
+        assert len(data) == (n_actions + 7) // 8
+        bits = [(byte >> (7 - j)) & 1 for byte in data for j in range(8)]
+        assert not any(bits[n_actions:])
+        starts = [bool(b) for b in bits[: n * A * 3]]
+        assert starts == full_mask[: n * A * 3].tolist()
+        assert bits[n * A * 3] == full_mask[env.codec.wait]
+        assert bits[n * A * 3 + 1] == full_mask[env.codec.finish]
+        # The decision's action, in the task's own layout, is valid under its recorded mask.
+        own = {1: d.action.index, 2: n * A * 3, 3: n * A * 3 + 1}[d.action.type]
+        assert bits[own] == 1
+        assert d.action_mask_size == env.codec.size

@@ -8,8 +8,8 @@ import torch
 
 from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool
 from podium.envs.swarm.generator import generate_task
+from podium.policy.agent import SwarmAgent
 from podium.policy.network import MASKED_LOGIT, NetworkConfig, SwarmPolicyNet
-from podium.train.agent import SwarmAgent
 
 
 def _net(F: int = 6, G: int = 5, A: int = 3) -> SwarmPolicyNet:

@@ -1,11 +1,13 @@
 """Frozen rule-engine schedulers: the references every learned policy is measured against.
 
-Each baseline implements :class:`SchedulingPolicy`: ``decide(state, rng)`` returns a
-:class:`Command` from a :class:`~podium.envs.swarm.state.SwarmState`, and
-``act(env_or_state, rng)`` returns the same decision as a flat action index, so the same
-object drives the Gymnasium env in training and the orchestrator service in production
-(cold start). All are deterministic: the ``rng`` argument is accepted for interface
-uniformity and only :class:`RandomPolicy` draws from it.
+Each baseline is a :class:`~podium.envs.swarm.scheduling.SchedulingPolicy`:
+``act(env, rng)`` returns the decision for the environment's current state as a
+:class:`~podium.envs.swarm.scheduling.PolicyStep`, so the same object drives the Gymnasium env
+in training, the benchmark, and the orchestrator service in production (cold start).
+``decide(state, rng)`` is the same decision as a :class:`Command`, from a bare
+:class:`~podium.envs.swarm.state.SwarmState` (the environment's advice features ask it at every
+step). All are deterministic: the ``rng`` argument is accepted for interface uniformity and
+only :class:`RandomPolicy` draws from it.
 
 * ``sequential`` — one subtask at a time on the generalist (the single-agent reference).
 * ``greedy`` — while a slot is free, start the first ready subtask (file order) on the
@@ -23,25 +25,20 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import NDArray
 
+from podium.envs.swarm.actions import FINISH, START, WAIT, ActionCodec, valid_action_mask
 from podium.envs.swarm.bound import upward_ranks
-from podium.envs.swarm.simulator.env import (
-    FINISH,
-    START,
-    WAIT,
-    ActionCodec,
-    SwarmEnv,
-    valid_action_mask,
-)
+from podium.envs.swarm.scheduling import PolicyStep, Rng
 from podium.envs.swarm.spec import SPLIT_FACTORS
 from podium.envs.swarm.state import SwarmState
 from podium.errors import ConfigError
 
-Rng = random.Random | np.random.Generator | None
-"""Randomness a policy may use (the rule engines ignore it)."""
+if TYPE_CHECKING:
+    from podium.envs.swarm.env import SwarmEnv
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,36 +61,24 @@ class Command:
         return codec.wait if self.type == WAIT else codec.finish
 
 
-class SchedulingPolicy(Protocol):
-    """What the env, the bench and the orchestrator service need from a policy."""
-
-    name: str
-
-    def act(self, env_or_state: SwarmEnv | SwarmState, rng: Rng = None) -> int:
-        """Flat action index for the current state."""
-        ...
-
-
-def _codec_and_state(env_or_state: SwarmEnv | SwarmState) -> tuple[ActionCodec, SwarmState]:
-    if isinstance(env_or_state, SwarmEnv):
-        return env_or_state.codec, env_or_state.state
-    st = env_or_state
-    return ActionCodec(st.num_slots, st.pool.num_agents), st
-
-
 class RuleEngine:
-    """Shared plumbing: encoding, loop-safe agent choice."""
+    """Shared plumbing: the policy interface, loop-safe agent choice."""
 
     name = "rule"
+
+    @property
+    def version(self) -> str:
+        """``"rules:<name>"``: what decisions and trajectories of a rule engine are stamped with."""
+        return f"rules:{self.name}"
 
     def decide(self, state: SwarmState, rng: Rng = None) -> Command:
         """The decision as a :class:`Command`."""
         raise NotImplementedError
 
-    def act(self, env_or_state: SwarmEnv | SwarmState, rng: Rng = None) -> int:
-        """The decision as a flat action index (the env's codec, or one sized to the task)."""
-        codec, state = _codec_and_state(env_or_state)
-        return self.decide(state, rng).encode(codec)
+    def act(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
+        """The decision for ``env``'s state as an action of its codec (log π = 0: the rule
+        engines are deterministic, and they have no critic)."""
+        return PolicyStep(self.decide(env.state, rng).encode(env.codec))
 
     @staticmethod
     def _allowed(state: SwarmState, slot: int, agent: int) -> bool:
@@ -275,22 +260,23 @@ class RandomPolicy(RuleEngine):
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)
 
-    def act(self, env_or_state: SwarmEnv | SwarmState, rng: Rng = None) -> int:
-        if isinstance(env_or_state, SwarmEnv):
-            mask = env_or_state.action_masks()
-        else:
-            codec, state = _codec_and_state(env_or_state)
-            mask = valid_action_mask(state, codec)
+    def act(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
+        return PolicyStep(self._draw(env.action_masks(), rng))
+
+    def decide(self, state: SwarmState, rng: Rng = None) -> Command:
+        # Without an environment: the mask derived from the state's rules, in a codec sized
+        # to the task.
+        codec = ActionCodec(state.num_slots, state.pool.num_agents)
+        kind, slot, agent, k = codec.decode(self._draw(valid_action_mask(state, codec), rng))
+        return Command(kind, slot, agent, k if kind == START else 1)
+
+    def _draw(self, mask: NDArray[np.bool_], rng: Rng) -> int:
+        """A uniform valid action: from ``rng`` when given, else from the policy's own."""
         valid = np.flatnonzero(mask)
         if isinstance(rng, np.random.Generator):
             return int(valid[int(rng.integers(len(valid)))])
         r = rng if isinstance(rng, random.Random) else self._rng
         return int(valid[int(r.random() * len(valid))])
-
-    def decide(self, state: SwarmState, rng: Rng = None) -> Command:
-        codec = ActionCodec(state.num_slots, state.pool.num_agents)
-        kind, slot, agent, k = codec.decode(self.act(state, rng))
-        return Command(kind, slot, agent, k if kind == START else 1)
 
 
 BASELINES: dict[str, type[RuleEngine]] = {

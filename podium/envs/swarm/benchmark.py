@@ -9,30 +9,19 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from podium.envs.swarm.baselines import BASELINES, make_policy
+from podium.envs.swarm.env import EnvConfig, SwarmEnv
 from podium.envs.swarm.pool import SubagentPool
-from podium.envs.swarm.simulator.env import EnvConfig, SwarmEnv
+from podium.envs.swarm.scheduling import SchedulingPolicy
 from podium.envs.swarm.spec import PoolSpec, TaskSpec
 from podium.errors import ConfigError
 
 REFERENCE = "sequential"
 """Policy every benchmark runs as the reference for ``reduction_vs_sequential``."""
-
-
-class SchedulingPolicy(Protocol):
-    """Anything that schedules like the rule engines: one flat action for the env's state.
-
-    The rule engines (:func:`~podium.envs.swarm.baselines.make_policy`) and a trained network
-    (``podium.train.policy.LearnedPolicy``) both fit, so they are benchmarked by one loop.
-    """
-
-    def act(self, env: SwarmEnv, rng: random.Random) -> int:
-        """The next action for ``env``'s current state (must be valid under its mask)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +39,16 @@ class EpisodeResult:
 
 
 def run_episode(env: SwarmEnv, policy: SchedulingPolicy, task: str, seed: int) -> EpisodeResult:
-    """Run ``policy`` on ``task`` until the episode ends."""
+    """Run ``policy`` on ``task`` until the episode ends.
+
+    The rule engines (:func:`~podium.envs.swarm.baselines.make_policy`) and a trained network
+    (``podium.policy.swarm.LearnedPolicy``) are both scheduling policies, so they are
+    benchmarked by this one loop.
+    """
     env.reset(seed=seed, options={"task": task})
     rng = random.Random(seed)
     while True:
-        _, _, terminated, truncated, info = env.step(policy.act(env, rng))
+        _, _, terminated, truncated, info = env.step(policy.act(env, rng).action)
         if terminated or truncated:
             return EpisodeResult(
                 latency=float(info["latency"]),
@@ -84,17 +78,7 @@ def bench_scheduling(
     """
     if episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {episodes}")
-    extra = dict(extra or {})
-    if REFERENCE in extra:
-        raise ConfigError(f"policy name {REFERENCE!r} is reserved for the reference rule engine")
-    names = [REFERENCE, *[p for p in dict.fromkeys(policies) if p != REFERENCE]]
-    unknown = [n for n in names if n not in extra and n not in BASELINES]
-    if unknown:
-        known = ", ".join(sorted({*BASELINES, *extra}))
-        raise ConfigError(f"unknown policy {unknown[0]!r}; known: {known}")
-    engines: dict[str, SchedulingPolicy] = {
-        n: extra[n] if n in extra else make_policy(n) for n in names
-    }
+    engines = _policies_by_name(policies, extra or {})
     env = SwarmEnv(
         list(tasks),
         SubagentPool(pool),
@@ -103,34 +87,66 @@ def bench_scheduling(
             invalid_action="raise",  # a baseline emitting a masked action is a bug: fail loudly
         ),
     )
-    out_tasks: list[dict[str, Any]] = []
-    for task in tasks:
-        env.reset(seed=seed, options={"task": task.name})
-        bound = env.bound.value
-        per: dict[str, dict[str, float]] = {}
-        for name in names:
-            runs = [run_episode(env, engines[name], task.name, seed + e) for e in range(episodes)]
-            lat = [r.latency for r in runs]
-            mean = statistics.fmean(lat)
-            per[name] = {
-                "latency_mean": mean,
-                "latency_std": statistics.pstdev(lat),
-                "completion_rate": sum(r.completed for r in runs) / episodes,
-                "loop_rate": sum(r.loop_detected for r in runs) / episodes,
-                "steps_mean": statistics.fmean(r.steps for r in runs),
-                "ratio_to_bound": mean / bound,
-            }
-        ref = per[REFERENCE]["latency_mean"]
-        for stats in per.values():
-            stats["reduction_vs_sequential"] = 1.0 - stats["latency_mean"] / ref
-        out_tasks.append(
-            {
-                "name": task.name,
-                "subtasks": len(task.subtasks),
-                "lower_bound": bound,
-                "policies": per,
-            }
-        )
+    out_tasks = [_bench_task(env, task, engines, episodes, seed) for task in tasks]
+    names = list(engines)
+    return {
+        "tasks": out_tasks,
+        "summary": _summary(names, out_tasks),
+        "config": {"episodes": episodes, "seed": seed, "pool": pool.name, "policies": names},
+    }
+
+
+def _policies_by_name(
+    policies: Sequence[str], extra: Mapping[str, SchedulingPolicy]
+) -> dict[str, SchedulingPolicy]:
+    """The reference first, then ``policies`` in order (duplicates once): rule engines by
+    name, or the caller's ``extra``; ConfigError for an unknown or reserved name."""
+    if REFERENCE in extra:
+        raise ConfigError(f"policy name {REFERENCE!r} is reserved for the reference rule engine")
+    names = [REFERENCE, *[p for p in dict.fromkeys(policies) if p != REFERENCE]]
+    unknown = [n for n in names if n not in extra and n not in BASELINES]
+    if unknown:
+        known = ", ".join(sorted({*BASELINES, *extra}))
+        raise ConfigError(f"unknown policy {unknown[0]!r}; known: {known}")
+    return {n: extra[n] if n in extra else make_policy(n) for n in names}
+
+
+def _bench_task(
+    env: SwarmEnv,
+    task: TaskSpec,
+    engines: Mapping[str, SchedulingPolicy],
+    episodes: int,
+    seed: int,
+) -> dict[str, Any]:
+    """One task's row: every policy's statistics over ``episodes`` seeded episodes."""
+    env.reset(seed=seed, options={"task": task.name})
+    bound = env.bound.value
+    per: dict[str, dict[str, float]] = {}
+    for name, engine in engines.items():
+        runs = [run_episode(env, engine, task.name, seed + e) for e in range(episodes)]
+        lat = [r.latency for r in runs]
+        mean = statistics.fmean(lat)
+        per[name] = {
+            "latency_mean": mean,
+            "latency_std": statistics.pstdev(lat),
+            "completion_rate": sum(r.completed for r in runs) / episodes,
+            "loop_rate": sum(r.loop_detected for r in runs) / episodes,
+            "steps_mean": statistics.fmean(r.steps for r in runs),
+            "ratio_to_bound": mean / bound,
+        }
+    ref = per[REFERENCE]["latency_mean"]
+    for stats in per.values():
+        stats["reduction_vs_sequential"] = 1.0 - stats["latency_mean"] / ref
+    return {
+        "name": task.name,
+        "subtasks": len(task.subtasks),
+        "lower_bound": bound,
+        "policies": per,
+    }
+
+
+def _summary(names: Sequence[str], out_tasks: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per policy, the means over tasks."""
     summary: dict[str, dict[str, float]] = {}
     for name in names:
         rows = [t["policies"][name] for t in out_tasks]
@@ -142,11 +158,7 @@ def bench_scheduling(
             ),
             "latency_mean": statistics.fmean(r["latency_mean"] for r in rows),
         }
-    return {
-        "tasks": out_tasks,
-        "summary": summary,
-        "config": {"episodes": episodes, "seed": seed, "pool": pool.name, "policies": names},
-    }
+    return summary
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,9 @@ whose features changed is kept in :attr:`SwarmState.dirty` for the observation e
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from podium.envs.swarm.bound import effective_max_parallel
 from podium.envs.swarm.pool import SubagentPool
@@ -171,6 +173,32 @@ class SwarmState:
             st._add_unit(i, WHOLE_PART, s.work)
         st.dirty = set(range(n))
         return st
+
+    _SHARED = frozenset({"task", "pool", "config", "children", "dep_slots"})
+    """Fields that never change after :meth:`new`: a copy shares them."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SwarmState:
+        """An independent copy (planners and shadow twins continue a session from one): every
+        mutable list, dict and execution record is copied, the task, pool and static graph
+        shared. Much faster than a generic deepcopy, which would copy the task and the pool."""
+        new = copy.copy(self)
+        memo[id(self)] = new
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in self._SHARED or not isinstance(value, list | dict | set):
+                continue
+            if isinstance(value, list) and value and isinstance(value[0], list):
+                value = [list(v) for v in value]  # per slot or unit: lists of ints
+            else:
+                value = value.copy()
+            setattr(new, f.name, value)
+        # Execution records change when they complete: copy them, keeping ``running`` (and
+        # anything else the memo maps, e.g. a bus executor's outbox) pointing at the copies.
+        new.executions = [copy.copy(r) for r in self.executions]
+        for old, rec in zip(self.executions, new.executions, strict=True):
+            memo[id(old)] = rec
+        new.running = {eid: new.executions[eid] for eid in self.running}
+        return new
 
     def _add_unit(self, slot: int, part: int, work: float) -> int:
         self.u_slot.append(slot)

@@ -1,25 +1,85 @@
-"""Turn a swarm episode into a ``podium.v1.Trajectory`` (what reward_svc scores) and convert
-task specs to and from their protobuf form (what ``TaskSubmitted`` carries)."""
+"""The one place a swarm session becomes a ``podium.v1.Trajectory`` (what reward_svc scores
+and learner_svc trains on), and task specs to and from their protobuf form (what
+``TaskSubmitted`` carries).
+
+:func:`episode_trajectory` builds the trajectory of an environment's episode. Whoever ran the
+episode adds what only it knows through arguments, never by editing the message afterwards:
+
+* the acting policy's per-decision outputs and, for training, the decisions' tensors
+  (:class:`DecisionData`: in-process rollouts and the orchestrator's learned sessions);
+* what the bus saw of each execution (:class:`BusOutcomes`: the orchestrator's sessions, whose
+  outcomes come from real sub-agent workers);
+* ids, labels, wall-clock times, a rollout baseline.
+
+:func:`decision_message` is the same builder for one decision, for whoever streams decisions
+as they are made; a trajectory built later from the same episode repeats them exactly.
+"""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import TYPE_CHECKING
 
-from podium.envs.swarm.simulator.env import FINISH, START, WAIT, ActionCodec, SwarmEnv
+from podium.envs.swarm.actions import FINISH, START, WAIT
 from podium.envs.swarm.spec import Subtask, TaskSpec, parse_task, task_to_dict
-from podium.envs.swarm.state import SwarmState
+from podium.envs.swarm.state import ExecutionRecord, SwarmState
 from podium.errors import ConfigError
 from podium.v1 import subtask_pb2, task_pb2, trajectory_pb2
+
+if TYPE_CHECKING:
+    from podium.envs.swarm.env import SwarmEnv
+
+ENV_NAME = "swarm"
+"""``Trajectory.env`` of swarm sessions."""
 
 _ACTION_TYPE = {
     START: trajectory_pb2.ACTION_TYPE_START,
     WAIT: trajectory_pb2.ACTION_TYPE_WAIT,
     FINISH: trajectory_pb2.ACTION_TYPE_FINISH,
 }
+_OUTCOME = {True: subtask_pb2.OUTCOME_SUCCESS, False: subtask_pb2.OUTCOME_FAILURE}
 
-Decision = tuple[int, float, int, int, int, int, int, int]
-"""(action, clock, units, ready, running, done, failures, valid actions) — SwarmEnv.decisions."""
+
+@dataclass(frozen=True, slots=True)
+class DecisionData:
+    """What the acting policy (and a recorder, for training) attaches to each decision.
+
+    Every field holds one entry per decision of the episode, or None when not recorded (the
+    field then keeps its default: 0, the trajectory's version, empty bytes).
+    """
+
+    log_probs: Sequence[float] | None = None
+    """log π(a|s) under the acting policy."""
+    values: Sequence[float] | None = None
+    """V(s) under the acting policy."""
+    rewards: Sequence[float] | None = None
+    """The environment's step rewards."""
+    versions: Sequence[str] | None = None
+    """Version of the policy that made each decision (a served policy may change mid-session)."""
+    observation_tensors: Sequence[bytes] | None = None
+    """``Decision.observation_tensor`` of each decision (wire encoding in trajectory.proto)."""
+    action_masks: Sequence[bytes] | None = None
+    """``Decision.action_mask`` of each decision."""
+
+    def check(self, decisions: int) -> None:
+        """Raise ConfigError naming the first field whose length is not ``decisions``."""
+        for f in fields(self):
+            seq = getattr(self, f.name)
+            if seq is not None and len(seq) != decisions:
+                raise ConfigError(f"{f.name} has {len(seq)} entries for {decisions} decisions")
+
+
+@dataclass(frozen=True, slots=True)
+class BusOutcomes:
+    """What a session over the bus knows of its executions, by execution number: the
+    assignment each was sent with (its public id and exact context) and the result that came
+    back (outcome, MALFORMED included; verification; tool calls)."""
+
+    assigned: Mapping[int, subtask_pb2.SubtaskAssigned]
+    results: Mapping[int, subtask_pb2.SubtaskResult]
 
 
 def subtask_to_proto(s: Subtask) -> task_pb2.SubtaskSpec:
@@ -95,124 +155,165 @@ def execution_context(
     )
 
 
-def build_trajectory(
-    state: SwarmState,
-    decisions: Sequence[Decision],
-    codec: ActionCodec,
+def decision_message(
+    env: SwarmEnv,
+    step: int,
     *,
-    lower_bound: float,
     policy_version: str = "",
-    log_probs: Sequence[float] | None = None,
-    values: Sequence[float] | None = None,
-    rewards: Sequence[float] | None = None,
-    trajectory_id: str = "",
-    session_id: str = "",
-    labels: Mapping[str, str] | None = None,
-) -> trajectory_pb2.Trajectory:
-    """A ``Trajectory`` of a session: every decision and every execution with its context."""
-    n = len(decisions)
-    for name, seq in (("log_probs", log_probs), ("values", values), ("rewards", rewards)):
-        if seq is not None and len(seq) != n:
-            raise ConfigError(f"{name} has {len(seq)} entries for {n} decisions")
-    tid = trajectory_id or uuid.uuid4().hex
-    traj = trajectory_pb2.Trajectory(
-        trajectory_id=tid,
-        session_id=session_id or tid,
-        env="swarm",
-        task=task_to_proto(state.task),
-        latency=state.clock,
-        lower_bound=lower_bound,
-        completed=state.all_done,
-        loop_detected=state.loop_detected,
-        policy_version=policy_version,
-        claimed_success=state.all_done,
-        test_coverage=-1.0,
-        labels=dict(labels or {}),
+    log_prob: float = 0.0,
+    value: float = 0.0,
+    env_reward: float = 0.0,
+    observation_tensor: bytes = b"",
+    action_mask: bytes = b"",
+) -> trajectory_pb2.Decision:
+    """Decision ``step`` of ``env``'s episode (from :attr:`SwarmEnv.decisions`) as a message."""
+    state, codec = env.state, env.codec
+    a, clock, units, ready, running, done, failures, valid = env.decisions[step]
+    kind, slot, agent, k = codec.decode(a) if 0 <= a < codec.size else (0, -1, -1, 0)
+    action = trajectory_pb2.Action(
+        type=_ACTION_TYPE.get(kind, trajectory_pb2.ACTION_TYPE_UNSPECIFIED), index=max(a, 0)
     )
     names = state.pool.agent_names
-    for i, (a, clock, units, ready, running, done, failures, valid) in enumerate(decisions):
-        kind, slot, agent, k = codec.decode(a) if 0 <= a < codec.size else (0, -1, -1, 0)
-        action = trajectory_pb2.Action(
-            type=_ACTION_TYPE.get(kind, trajectory_pb2.ACTION_TYPE_UNSPECIFIED), index=max(a, 0)
-        )
-        if kind == START and slot < state.num_slots and agent < len(names):
-            action.subtask_id = state.task.subtasks[slot].id
-            action.agent = names[agent]
-            action.split_k = k
-        traj.decisions.append(
-            trajectory_pb2.Decision(
-                step=i,
-                observation=trajectory_pb2.ObservationSummary(
-                    clock=clock,
-                    num_subtasks=units,
-                    ready=ready,
-                    running=running,
-                    done=done,
-                    failed=failures,
-                    max_parallel=state.max_parallel,
+    if kind == START and slot < state.num_slots and agent < len(names):
+        action.subtask_id = state.task.subtasks[slot].id
+        action.agent = names[agent]
+        action.split_k = k
+    return trajectory_pb2.Decision(
+        step=step,
+        observation=trajectory_pb2.ObservationSummary(
+            clock=clock,
+            num_subtasks=units,
+            ready=ready,
+            running=running,
+            done=done,
+            failed=failures,
+            max_parallel=state.max_parallel,
+        ),
+        action=action,
+        log_prob=log_prob,
+        value=value,
+        action_mask_size=codec.size,
+        valid_actions=valid,
+        policy_version=policy_version,
+        env_reward=env_reward,
+        observation_tensor=observation_tensor,
+        action_mask=action_mask,
+    )
+
+
+def _decision_messages(
+    env: SwarmEnv, data: DecisionData, policy_version: str
+) -> list[trajectory_pb2.Decision]:
+    """Every decision of the episode, with ``data``'s entry for each."""
+    out = []
+    for i in range(len(env.decisions)):
+        out.append(
+            decision_message(
+                env,
+                i,
+                policy_version=policy_version if data.versions is None else data.versions[i],
+                log_prob=0.0 if data.log_probs is None else data.log_probs[i],
+                value=0.0 if data.values is None else data.values[i],
+                env_reward=0.0 if data.rewards is None else data.rewards[i],
+                observation_tensor=(
+                    b"" if data.observation_tensors is None else data.observation_tensors[i]
                 ),
-                action=action,
-                log_prob=log_probs[i] if log_probs is not None else 0.0,
-                value=values[i] if values is not None else 0.0,
-                action_mask_size=codec.size,
-                valid_actions=valid,
-                policy_version=policy_version,
-                env_reward=rewards[i] if rewards is not None else 0.0,
+                action_mask=b"" if data.action_masks is None else data.action_masks[i],
             )
         )
-    outcome = {True: subtask_pb2.OUTCOME_SUCCESS, False: subtask_pb2.OUTCOME_FAILURE}
-    for rec in state.executions:
-        traj.executions.append(
-            trajectory_pb2.Execution(
-                execution_id=f"{tid}-{rec.id}",
-                subtask_id=state.unit_id(rec.unit),
-                agent=names[rec.agent],
-                kind=state.kind_of(rec.slot),
-                start_time=rec.start,
-                # Still running when the episode ended (loop, give-up): cancelled at the end.
-                end_time=rec.end if rec.success is not None else state.clock,
-                outcome=outcome[rec.success]
-                if rec.success is not None
-                else subtask_pb2.OUTCOME_CANCELLED,
-                context=execution_context(state, rec.unit, rec.context_units),
-                attempt=rec.attempt,
-                split_k=rec.split_k,
-            )
-        )
-    return traj
+    return out
+
+
+def execution_message(
+    state: SwarmState, rec: ExecutionRecord, trajectory_id: str, bus: BusOutcomes | None = None
+) -> trajectory_pb2.Execution:
+    """One execution as the trajectory records it (as the bus saw it, when ``bus`` is given)."""
+    end = rec.end if rec.success is not None else state.clock
+    ex = trajectory_pb2.Execution(
+        execution_id=f"{trajectory_id}-{rec.id}",
+        subtask_id=state.unit_id(rec.unit),
+        agent=state.pool.agent_names[rec.agent],
+        kind=state.kind_of(rec.slot),
+        start_time=rec.start,
+        # Still running when the episode ended (loop, give-up): cancelled at the end.
+        end_time=end,
+        outcome=_OUTCOME[rec.success] if rec.success is not None else subtask_pb2.OUTCOME_CANCELLED,
+        context=execution_context(state, rec.unit, rec.context_units),
+        attempt=rec.attempt,
+        split_k=rec.split_k,
+    )
+    if bus is None:
+        return ex
+    assigned = bus.assigned.get(rec.id)
+    if assigned is not None:
+        # What was really sent: the public execution id and the context on the wire.
+        ex.execution_id = assigned.execution_id
+        ex.context.CopyFrom(assigned.context)
+    result = bus.results.get(rec.id)
+    if result is not None and rec.success is not None:
+        ex.outcome = result.outcome
+        ex.verified = result.verified
+        ex.tool_calls.extend(result.tool_calls)
+    return ex
 
 
 def episode_trajectory(
     env: SwarmEnv,
     *,
     policy_version: str = "",
-    log_probs: Sequence[float] | None = None,
-    values: Sequence[float] | None = None,
-    rewards: Sequence[float] | None = None,
     trajectory_id: str = "",
     session_id: str = "",
     labels: Mapping[str, str] | None = None,
+    data: DecisionData | None = None,
+    bus: BusOutcomes | None = None,
+    truncated: bool = False,
+    started_at: datetime | None = None,
+    ended_at: datetime | None = None,
+    baseline: trajectory_pb2.RolloutBaseline | None = None,
 ) -> trajectory_pb2.Trajectory:
-    """The current (usually finished) episode of ``env`` as a ``Trajectory``."""
-    return build_trajectory(
-        env.state,
-        env.decisions,
-        env.codec,
+    """The current (usually finished) episode of ``env`` as a ``Trajectory``: every decision
+    and every execution with its context, plus what the caller knows (see the module doc).
+
+    ``trajectory_id`` defaults to a fresh uuid and ``session_id`` to it; ``truncated`` marks a
+    session cut off by a decision limit, which the trajectory records as a loop (it did not
+    end by itself). Raises ConfigError when ``data`` does not hold one entry per decision.
+    """
+    data = data or DecisionData()
+    data.check(len(env.decisions))
+    state = env.state
+    tid = trajectory_id or uuid.uuid4().hex
+    traj = trajectory_pb2.Trajectory(
+        trajectory_id=tid,
+        session_id=session_id or tid,
+        env=ENV_NAME,
+        task=task_to_proto(state.task),
+        latency=state.clock,
         lower_bound=env.bound.value,
+        completed=state.all_done,
+        loop_detected=state.loop_detected or truncated,
         policy_version=policy_version,
-        log_probs=log_probs,
-        values=values,
-        rewards=rewards,
-        trajectory_id=trajectory_id,
-        session_id=session_id,
-        labels=labels,
+        claimed_success=state.all_done,
+        test_coverage=-1.0,
+        labels=dict(labels or {}),
+        decisions=_decision_messages(env, data, policy_version),
+        executions=[execution_message(state, rec, tid, bus) for rec in state.executions],
+        baseline=baseline,
     )
+    if started_at is not None:
+        traj.started_at.FromDatetime(started_at)
+    if ended_at is not None:
+        traj.ended_at.FromDatetime(ended_at)
+    return traj
 
 
 __all__ = [
-    "build_trajectory",
+    "ENV_NAME",
+    "BusOutcomes",
+    "DecisionData",
+    "decision_message",
     "episode_trajectory",
     "execution_context",
+    "execution_message",
     "task_from_proto",
     "task_to_dict",
     "task_to_proto",

@@ -1,6 +1,5 @@
-"""Event-driven simulator and Gymnasium environment of the swarm."""
+"""The event-driven simulator of the swarm: sampled durations and completions on a clock."""
 
-from podium.envs.swarm.simulator.env import ActionCodec, EnvConfig, SwarmEnv
 from podium.envs.swarm.simulator.executor import SwarmSimulator
 
-__all__ = ["ActionCodec", "EnvConfig", "SwarmEnv", "SwarmSimulator"]
+__all__ = ["SwarmSimulator"]

@@ -17,8 +17,10 @@ end times resolve deterministically.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import random
+from typing import Any
 
 from podium.envs.swarm.pool import SubagentPool, mix64, sample_execution
 from podium.envs.swarm.spec import TaskSpec
@@ -43,6 +45,20 @@ class SwarmSimulator:
         self._events: list[tuple[float, int, bool]] = []
         self.seeds: dict[int, int] = {}
         """Execution id -> the seed its outcome was sampled with (for replay over the bus)."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SwarmSimulator:
+        """An independent copy of the session in flight (state, pending completions, the
+        random stream), sharing the read-only pool; subclasses' attributes are copied too."""
+        memo.setdefault(id(self.pool), self.pool)
+        # The generator's state is 625 integers: set it whole rather than deep-copy each.
+        rng = random.Random()
+        rng.setstate(self.rng.getstate())
+        memo[id(self.rng)] = rng
+        new = copy.copy(self)
+        memo[id(self)] = new
+        for name, value in vars(self).items():
+            setattr(new, name, copy.deepcopy(value, memo))
+        return new
 
     def execution_seed(self, rec: ExecutionRecord) -> int:
         """The seed of an execution: a hash of the session seed, the subtask slot, the chunk

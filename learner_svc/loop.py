@@ -1,0 +1,294 @@
+"""The learning loop: consume → train → checkpoint → commit → publish, exactly once, crash-safe.
+
+This is the one learning loop of Podium: ``python -m learner_svc`` runs it, and so do both
+drivers of ``podium train`` (embedded over the in-process bus, distributed over Kafka). The
+math is the :class:`~learner_svc.algorithm.Algorithm`'s; the loop owns the stream.
+
+Per batch of ``batch_trajectories`` usable trajectories the loop does, in this order:
+
+1. **train**: one :meth:`Algorithm.update` on the batch (in a worker thread);
+2. **checkpoint**: weights, optimizer, RNG, step, policy version, counters and the *consumed
+   offsets* (per partition, the first offset not yet accounted for), written atomically
+   (:mod:`learner_svc.checkpoint`);
+3. **commit** the records to the consumer group;
+4. **publish** the new version (:meth:`Algorithm.publish`) and announce it with a
+   ``PolicyUpdated`` event whose event id is ``<model>:<version>`` (re-announcements dedupe).
+
+A crash before 2 loses the in-memory update; the records were not committed, so they come
+back and are trained on once, by the restarted learner. A crash between 2 and 3 (the case the
+crash tests force with a SIGKILL) brings back records the checkpoint already contains: the
+restarted learner skips every record below the checkpoint's offset for its partition and
+counts it in ``skipped_redelivered``. A crash between 2 and 4 leaves the version unannounced;
+on start the loop publishes and announces its checkpoint's version again (identical bytes, so
+the immutable-version rule holds). Net effect: every scored trajectory is trained on exactly
+once in the lineage of the weights, and the ledger of trained ids proves it.
+
+**Staleness (η).** A trajectory's policy lag is the learner's current policy version minus the
+version that acted (the last integer in ``Trajectory.policy_version``; none, e.g. the rule
+engine, counts as version 0). Trajectories with lag > ``max_policy_lag`` are **dropped**
+(counted in ``dropped_stale``, offsets advanced, never trained on). Within the bound no extra
+importance weight is applied: PPO's ratio ``pi_new / pi_behaviour`` is computed against the
+behaviour log-probability recorded in each decision, so it already is the importance weight,
+and clipping bounds it.
+
+The learner is one consumer (it scales by data parallelism, not by splitting partitions among
+members): a rebalance mid-batch could otherwise hand uncommitted records to another member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Generic
+
+from learner_svc.algorithm import Algorithm, SampleT, policy_lag
+from learner_svc.checkpoint import LearnerState, load_checkpoint, save_checkpoint
+from learner_svc.config import LoopConfig
+from podium import codec
+from podium.bus.base import Bus, Record, Subscriber
+from podium.bus.consumer import EventPublisher, publish_dead_letter
+from podium.errors import DecodeError, ProcessingError
+from podium.v1 import reward_pb2
+
+_log = logging.getLogger(__name__)
+
+
+class LearningLoop(Generic[SampleT]):
+    """Consumes scored trajectories from ``bus``; trains, checkpoints, commits and publishes.
+
+    ``after_checkpoint(step)`` runs right after each checkpoint is written and before the
+    commit; it exists for fault injection (the crash tests kill the process there).
+    """
+
+    def __init__(
+        self,
+        config: LoopConfig,
+        algorithm: Algorithm[SampleT],
+        bus: Bus,
+        *,
+        after_checkpoint: Callable[[int], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.algorithm = algorithm
+        self.bus = bus
+        self.after_checkpoint = after_checkpoint
+        self.state = LearnerState()
+        self.publisher = EventPublisher(bus, producer_name=config.client_id)
+        self.updated = asyncio.Condition()
+        """Notified after each announced version (drivers and tests wait on it)."""
+        self._writer: Any = None
+        self._pending: list[SampleT] = []
+        """Usable samples not yet trained on."""
+        self._handled: list[Record] = []
+        """Records accounted for since the last commit."""
+        self._idle_since = time.monotonic()
+        self._restore()
+
+    def _restore(self) -> None:
+        ckpt = load_checkpoint(self.config.checkpoint_dir)
+        if ckpt is None:
+            return
+        algo = self.algorithm
+        algo.model.load_state_dict(ckpt.model, strict=True)
+        algo.optimizer.load_state_dict(ckpt.optimizer)
+        algo.generator.set_state(ckpt.rng_state)
+        self.state = ckpt.state
+        _log.info(
+            "restored %s: step %d, version %d, %d trained, offsets %s",
+            ckpt.path,
+            self.state.step,
+            self.state.policy_version,
+            self.state.trained,
+            self.state.offsets,
+        )
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def run(
+        self, *, until_trained: int | None = None, stop: asyncio.Event | None = None
+    ) -> LearnerState:
+        """Consume until ``until_trained`` trajectories are in the weights, or ``stop`` is set.
+
+        Returns the state as of the last checkpoint. The step that reaches ``until_trained``
+        ends the run at once: records fetched with it but not yet handled are left alone
+        (uncommitted, so the next run gets them), because accounting for them here would
+        change counters and offsets that no checkpoint records.
+        """
+        cfg = self.config
+        sub = self.bus.subscriber([cfg.topic], cfg.group_id, client_id=cfg.client_id)
+        await sub.start()
+        try:
+            # A crash may have left the current version unannounced; orchestrators that start
+            # later, or missed it, catch up.
+            await self._publish_version({})
+            while not (stop is not None and stop.is_set()) and not self._reached(until_trained):
+                await self._consume_once(sub, until_trained)
+            return self.state
+        finally:
+            await sub.stop()
+            if self._writer is not None:
+                self._writer.close()
+
+    async def _consume_once(self, sub: Subscriber, until_trained: int | None) -> None:
+        """One fetch: account for each record, update whenever a batch is full."""
+        records = await sub.fetch(self.config.fetch_max, self.config.fetch_timeout_s)
+        if not records:
+            if self._pending and time.monotonic() - self._idle_since >= self._idle_flush_s:
+                await self._step(sub)
+            return
+        self._idle_since = time.monotonic()
+        for record in records:
+            self._handled.append(record)
+            sample = await self._accept(record)
+            if sample is not None:
+                self._pending.append(sample)
+            if len(self._pending) >= self.config.batch_trajectories:
+                await self._step(sub)
+                if self._reached(until_trained):
+                    return  # the rest of this fetch is the next run's (see run())
+        if self._handled and not self._pending:
+            # Only skipped records in hand: committing them loses nothing (committing past a
+            # sample not yet in the weights would).
+            await sub.commit(self._handled)
+            self._handled = []
+
+    @property
+    def _idle_flush_s(self) -> float:
+        return self.config.idle_flush_s if self.config.idle_flush_s > 0 else float("inf")
+
+    def _reached(self, until_trained: int | None) -> bool:
+        """Whether ``until_trained`` trajectories (None: no bound) are in the weights."""
+        return until_trained is not None and self.state.trained >= until_trained
+
+    async def _accept(self, record: Record) -> SampleT | None:
+        """Account for one record; the sample to train on, or None (skipped/dropped/DLQ)."""
+        st = self.state
+        if record.offset < st.next_offset(record.topic, record.partition):
+            st.skipped_redelivered += 1  # already inside the restored weights
+            return None
+        st.offsets.setdefault(record.topic, {})[record.partition] = record.offset + 1
+        try:
+            _, scored = codec.decode_event(record.value, reward_pb2.ScoredTrajectory)
+            lag = policy_lag(st.policy_version, scored.trajectory.policy_version)
+            if lag > self.config.max_policy_lag:
+                st.dropped_stale += 1
+                return None
+            sample = self.algorithm.decode(scored, lag)
+            if sample is None:
+                st.skipped_off_policy += 1
+            return sample
+        except (DecodeError, ProcessingError) as exc:
+            st.dead_lettered += 1
+            await self._dead_letter(record, exc)
+            return None
+
+    async def _step(self, sub: Subscriber) -> None:
+        """Train on the pending batch, checkpoint, commit what was handled, publish."""
+        batch, handled = self._pending, self._handled
+        self._pending, self._handled = [], []
+        st = self.state
+        metrics = await asyncio.to_thread(self.algorithm.update, batch, st.step)
+        st.step += 1
+        st.trained += len(batch)
+        if self.config.keep_ledger:
+            st.ledger.extend(self.algorithm.sample_id(s) for s in batch)
+        bumped = st.step % self.config.publish_every == 0
+        if bumped:
+            st.policy_version += 1
+        algo = self.algorithm
+        save_checkpoint(
+            self.config.checkpoint_dir,
+            st,
+            algo.model,
+            algo.optimizer,
+            algo.generator,
+            extra={"model_name": algo.model_name, "group_id": self.config.group_id},
+        )
+        if self.after_checkpoint is not None:
+            self.after_checkpoint(st.step)
+        await sub.commit(handled)
+        self._log(metrics)
+        _log.info(
+            "update %d: %d trajectories -> v%d; dropped_stale %d, skipped_off_policy %d, %s",
+            st.step,
+            len(batch),
+            st.policy_version,
+            st.dropped_stale,
+            st.skipped_off_policy,
+            ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())),
+        )
+        if bumped:
+            await self._publish_version(metrics)
+
+    # -- publishing and logging ---------------------------------------------------------------
+
+    async def _publish_version(self, metrics: dict[str, float]) -> None:
+        """Write the current weights as ``state.policy_version`` and announce them."""
+        st, algo = self.state, self.algorithm
+        # In a worker thread: an ONNX export and its check take about a second.
+        event = await asyncio.to_thread(algo.publish, st.policy_version, st.step, metrics)
+        await self.publisher.publish(
+            self.config.policy_topic,
+            event,
+            key=algo.model_name,
+            event_id=f"{algo.model_name}:{st.policy_version}",
+        )
+        _log.info("published %s v%d (%s)", algo.model_name, st.policy_version, event.uri)
+        async with self.updated:
+            self.updated.notify_all()
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        if self.config.log_dir is None:
+            return
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.config.log_dir))
+        step = self.state.step
+        for key, value in metrics.items():
+            self._writer.add_scalar(f"learner/{key}", value, step)
+        self._writer.add_scalar("learner/policy_version", self.state.policy_version, step)
+        self._writer.add_scalar("learner/dropped_stale", self.state.dropped_stale, step)
+
+    async def _dead_letter(self, record: Record, exc: Exception) -> None:
+        _log.error(
+            "dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc
+        )
+        await publish_dead_letter(
+            self.bus,
+            record,
+            exc,
+            group_id=self.config.group_id,
+            producer=self.publisher.producer_name,
+        )
+
+
+class LoopApp:
+    """``python -m learner_svc`` in a training mode: a :class:`LearningLoop` as a service app."""
+
+    name = "learner_svc"
+
+    def __init__(self, loop: LearningLoop[Any], *, shutdown_timeout_s: float = 30.0) -> None:
+        self.loop = loop
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[LearnerState] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self.loop.run(stop=self._stop), name="learner_svc.loop")
+
+    async def stop(self) -> None:
+        """Finish the update in hand (if any), leave the group; an incomplete batch is not
+        committed, so it is redelivered to the next learner."""
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.wait({self._task}, timeout=self.shutdown_timeout_s)
+
+    async def wait(self) -> None:
+        if self._task is not None:
+            await self._task
+
+
+__all__ = ["LearningLoop", "LoopApp", "LoopConfig"]

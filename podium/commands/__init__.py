@@ -1,1 +1,0 @@
-"""One module per `podium` command (see podium/cli.py)."""

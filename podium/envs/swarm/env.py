@@ -1,0 +1,406 @@
+"""The swarm environment (Gymnasium API): one orchestrator session on simulated sub-agents.
+
+:class:`SwarmEnv` ties the parts together and owns the episode's bookkeeping:
+
+* the **action space** and its mask are :mod:`podium.envs.swarm.actions` (``env.codec``,
+  ``env.action_masks()``);
+* the **observation** is :mod:`podium.envs.swarm.observation` (``env.layout`` names every
+  column; an :class:`~podium.envs.swarm.observation.ObservationEncoder` writes it);
+* the **dynamics** are the simulator's (:mod:`podium.envs.swarm.simulator`: the scheduling
+  state machine of :mod:`podium.envs.swarm.state` plus sampled durations on an event clock);
+* a finished episode becomes a ``Trajectory`` through :mod:`podium.envs.swarm.trajectory`.
+
+Slots past a task's size are padding and always masked, so one policy handles tasks of several
+sizes. An invalid action is never silently ignored: it raises (``invalid_action="raise"``) or
+is charged a decision, a penalty and reported in ``info["invalid_action"]`` (``"penalize"``,
+the default, which keeps generic tools such as Gymnasium's env checker usable); repeating
+invalid actions past a limit is a loop and ends the episode.
+
+Reward: −Δclock / lower bound per step (so a completed episode returns −latency / bound),
+minus ``invalid_action_penalty`` per invalid action, and at a non-completed end
+``incomplete_penalty`` × remaining fraction (+ ``loop_penalty`` for a loop).
+
+:meth:`SwarmEnv.clone` (and ``copy.deepcopy``) copies an episode in flight: the copy continues
+exactly as the original would (same state, same luck, same future resets) and the two never
+affect each other, which shadow twins and planners rely on.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+from numpy.typing import NDArray
+
+from podium.envs.swarm.actions import ActionCodec, ActionMasker
+from podium.envs.swarm.baselines import CplsPolicy
+from podium.envs.swarm.bound import LowerBound
+from podium.envs.swarm.observation import ObservationEncoder, ObservationLayout
+from podium.envs.swarm.pool import SubagentPool
+from podium.envs.swarm.precompute import TaskStatic, precompute_task
+from podium.envs.swarm.simulator.executor import SwarmSimulator
+from podium.envs.swarm.spec import PoolSpec, TaskSpec, default_pool
+from podium.envs.swarm.state import InvalidActionError, StateConfig, SwarmState
+from podium.errors import ConfigError
+
+DecisionRecord = tuple[int, float, int, int, int, int, int, int]
+"""What :attr:`SwarmEnv.decisions` keeps per step: (action, clock, units, ready, running, done,
+failures, valid actions), as the orchestrator saw the state when it decided. A plain tuple:
+recording it is on every step's path."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvConfig:
+    """Settings of :class:`SwarmEnv` that are not part of the task or pool."""
+
+    max_subtasks: int = 64
+    """Slots in the action/observation encoding; tasks may have at most this many subtasks."""
+    max_running_obs: int = 8
+    """Rows of the running-executions table in the observation."""
+    max_steps: int = 0
+    """Decisions before truncation; 0 means 50 × subtasks + 100."""
+    invalid_action: Literal["penalize", "raise"] = "penalize"
+    """What an action outside the mask does: charged and reported, or InvalidActionError."""
+    invalid_action_penalty: float = 0.1
+    """Reward subtracted per invalid action (in units of the lower bound)."""
+    invalid_action_loop_limit: int = 10
+    """Consecutive invalid actions after which the episode ends as a loop."""
+    allow_early_finish: bool = False
+    """Whether FINISH is valid before every subtask succeeded (giving up)."""
+    incomplete_penalty: float = 10.0
+    """Reward subtracted × remaining fraction of subtasks when an episode ends incomplete."""
+    loop_penalty: float = 1.0
+    """Extra reward subtracted when loop detection ends the episode."""
+    loop_retry_limit: int = 4
+    """Failures of a unit on one agent after which starting it there again is a loop."""
+    rule_advice: bool = True
+    """Whether the observation's advice columns carry the cpls rule engine's decision (see
+    :mod:`podium.envs.swarm.observation`). Policies are trained and served with it on; off,
+    the columns are zero and each step is a little cheaper (speed benchmarks of the bare
+    simulator)."""
+
+
+_Shared = tuple[dict[str, TaskSpec], dict[str, TaskStatic]]
+"""Tasks by name and their precomputation, shared by replicas (see SwarmEnv.replicas)."""
+
+
+class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
+    """Orchestrate one task on a simulated pool of frozen sub-agents.
+
+    ``tasks`` is one task or several (one is drawn per reset, or chosen with
+    ``reset(options={"task": name_or_TaskSpec})``); all share the encoding, padded to
+    ``max_subtasks``.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's convention)
+
+    def __init__(
+        self,
+        tasks: TaskSpec | Sequence[TaskSpec],
+        pool: PoolSpec | SubagentPool | None = None,
+        config: EnvConfig | None = None,
+        *,
+        _shared: _Shared | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config or EnvConfig()
+        spec = default_pool() if pool is None else pool
+        self.pool = spec if isinstance(spec, SubagentPool) else SubagentPool(spec)
+        self.tasks: tuple[TaskSpec, ...] = (tasks,) if isinstance(tasks, TaskSpec) else tuple(tasks)
+        self._check_sizes()
+        S = self.config.max_subtasks
+        self.codec = ActionCodec(S, self.pool.num_agents)
+        self.layout = ObservationLayout.for_pool(self.pool, S, self.config.max_running_obs)
+        self.observation_space = gym.spaces.Box(
+            # Every feature is a count, flag or time ratio: never negative; times are unbounded.
+            low=0.0,
+            high=np.inf,
+            shape=(self.layout.size,),
+            dtype=np.float32,
+        )
+        self.action_space = gym.spaces.Discrete(self.codec.size)
+        # Per task, precomputed once: bound, ranks, agent capability mask.
+        self._by_name, self._static = _shared or (
+            {t.name: t for t in self.tasks},
+            {t.name: precompute_task(t, self.pool) for t in self.tasks},
+        )
+        advisor = CplsPolicy() if self.config.rule_advice else None
+        self._encoder = ObservationEncoder(self.layout, self.pool, advisor=advisor)
+        self._masker = ActionMasker(self.codec, allow_early_finish=self.config.allow_early_finish)
+        self.sim: SwarmSimulator | None = None
+        self.task: TaskSpec = self.tasks[0]
+        self.decisions: list[DecisionRecord] = []
+        """Per step, what the orchestrator saw when it decided (see DecisionRecord)."""
+        self._task_static = self._static[self.task.name]
+        self._n = len(self.task.subtasks)
+        self._scale = 1.0
+        self._max_steps = 1
+        self._steps = 0
+        self._invalid_run = 0
+        self.invalid_actions = 0
+
+    def _check_sizes(self) -> None:
+        """ConfigError for no task, or a task with more subtasks than the encoding's slots."""
+        if not self.tasks:
+            raise ConfigError("SwarmEnv needs at least one task")
+        S = self.config.max_subtasks
+        for t in self.tasks:
+            if len(t.subtasks) > S:
+                raise ConfigError(
+                    f"task {t.name!r} has {len(t.subtasks)} subtasks, more than "
+                    f"EnvConfig.max_subtasks={S}"
+                )
+
+    @classmethod
+    def replicas(
+        cls,
+        n: int,
+        tasks: TaskSpec | Sequence[TaskSpec],
+        pool: PoolSpec | SubagentPool | None = None,
+        config: EnvConfig | None = None,
+    ) -> list[SwarmEnv]:
+        """``n`` environments over the same tasks for lock-step rollouts.
+
+        They share one :class:`SubagentPool` and the per-task precomputation (bound, ranks,
+        capability masks: read-only after set-up; tasks passed to ``reset`` later are added
+        once for all), which otherwise dominates start-up: 32 environments × 350 tasks took
+        ≈ 20 s of bound computations, now one environment's.
+        """
+        if n < 1:
+            raise ConfigError(f"replicas needs n >= 1, got {n}")
+        first = cls(tasks, pool, config)
+        rest = [
+            cls(tasks, first.pool, config, _shared=(first._by_name, first._static))
+            for _ in range(n - 1)
+        ]
+        for env in rest:  # the rule engine's caches (ranks, agent orders) too
+            env._encoder.advisor = first._encoder.advisor
+        return [first, *rest]
+
+    # ---------------------------------------------------------------- copies
+
+    def clone(self) -> SwarmEnv:
+        """An independent copy of this environment, episode in flight included.
+
+        The copy continues exactly as the original would (same state, same pending
+        completions and sub-agent luck, same seeds for later resets) and neither affects the
+        other. Read-only set-up is shared, not copied: the pool, the tasks and their
+        precomputation, the layouts and the rule engine's caches.
+        """
+        return copy.deepcopy(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SwarmEnv:
+        shared: list[object] = [
+            self.pool,
+            self.tasks,
+            self._by_name,
+            self._static,
+            self.config,
+            self.codec,
+            self.layout,
+            *self._by_name.values(),
+            *self._static.values(),
+        ]
+        if self._encoder.advisor is not None:
+            shared.append(self._encoder.advisor)
+        for obj in shared:  # deepcopy reuses what its memo already maps
+            memo.setdefault(id(obj), obj)
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for name, value in vars(self).items():
+            # The decision records are tuples of numbers (immutable): a list copy suffices.
+            setattr(new, name, list(value) if name == "decisions" else copy.deepcopy(value, memo))
+        return new
+
+    # ---------------------------------------------------------------- episode
+
+    @property
+    def state(self) -> SwarmState:
+        """The scheduling state of the current episode."""
+        if self.sim is None:
+            raise InvalidActionError("call reset() before using the environment")
+        return self.sim.state
+
+    @property
+    def bound(self) -> LowerBound:
+        """Lower bound of the current task."""
+        return self._static[self.task.name].bound
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[NDArray[np.float32], dict[str, Any]]:
+        """Start an episode; ``options={"task": name_or_TaskSpec}`` picks the task."""
+        super().reset(seed=seed)
+        self.task = self._choose_task((options or {}).get("task"))
+        self._task_static = self._static[self.task.name]
+        sim = SwarmSimulator(
+            self.task,
+            self.pool,
+            seed=int(self.np_random.integers(2**63 - 1)),
+            config=StateConfig(loop_retry_limit=self.config.loop_retry_limit),
+        )
+        return self.use_simulator(sim), self._info()
+
+    def _choose_task(self, chosen: object) -> TaskSpec:
+        """The task ``reset`` runs: a TaskSpec (added to the shared set if new), a name, or
+        (None) one drawn from ``tasks``."""
+        if isinstance(chosen, TaskSpec):
+            if chosen.name not in self._static or self._by_name.get(chosen.name) != chosen:
+                if len(chosen.subtasks) > self.config.max_subtasks:
+                    raise ConfigError(f"task {chosen.name!r} exceeds max_subtasks")
+                self._by_name[chosen.name] = chosen
+                self._static[chosen.name] = precompute_task(chosen, self.pool)
+            return chosen
+        if isinstance(chosen, str):
+            if chosen not in self._by_name:
+                raise ConfigError(f"unknown task {chosen!r}; known: {sorted(self._by_name)}")
+            return self._by_name[chosen]
+        return self.tasks[int(self.np_random.integers(len(self.tasks)))]
+
+    def use_simulator(self, sim: SwarmSimulator) -> NDArray[np.float32]:
+        """Run the episode just reset on ``sim``, a fresh simulator of the same task (the
+        orchestrator's, whose outcomes come over the bus); returns the observation.
+
+        The encoding starts over from ``sim``'s state, so the policy sees exactly what the
+        simulated episode would have shown it.
+        """
+        if sim.state.task is not self.task or sim.state.executions:
+            raise ConfigError("use_simulator needs a fresh simulator of the task just reset")
+        self.sim = sim
+        n = len(self.task.subtasks)
+        self._n = n
+        self._scale = 1.0 / self._task_static.bound.value
+        self._max_steps = self.config.max_steps or 50 * n + 100
+        self._steps = 0
+        self._invalid_run = 0
+        self.invalid_actions = 0
+        self.decisions = []
+        self._encoder.reset(self.task, self._task_static, self._scale)
+        self._masker.reset()
+        self._refresh()
+        return self._encoder.obs.copy()
+
+    def _refresh(self) -> None:
+        """Re-encode the observation and the mask after the state changed."""
+        state = self.sim.state  # type: ignore[union-attr]
+        self._encoder.update(state, self._task_static, self._steps / self._max_steps)
+        self._masker.update(state, self._task_static.can)
+        state.dirty.clear()
+
+    def observation(self) -> NDArray[np.float32]:
+        """The current observation (what the last ``reset``/``step`` returned), read-only view."""
+        view = self._encoder.obs.view()
+        view.flags.writeable = False
+        return view
+
+    def action_masks(self) -> NDArray[np.bool_]:
+        """Boolean mask over the action space: True where the action is valid now.
+
+        Cached until the next step; treat it as read-only (copy it to modify it).
+        """
+        return self._masker.mask(self.state)
+
+    def valid_action_count(self) -> int:
+        """Number of valid actions now."""
+        return int(np.count_nonzero(self.action_masks()))
+
+    # ---------------------------------------------------------------- dynamics
+
+    def step(
+        self, action: int | np.integer[Any]
+    ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+        """Apply one orchestrator decision; see the module docstring for the reward."""
+        sim = self.sim
+        if sim is None:
+            raise InvalidActionError("call reset() before step()")
+        state = sim.state
+        a = int(action)
+        before = state.clock
+        mask = self._masker.mask(state)
+        # The mask is the authority (start() re-checks and raises if they ever disagreed);
+        # the reason string is only built for an invalid action.
+        invalid = None
+        if not (0 <= a < self.codec.size and mask[a]):
+            invalid = self._masker.invalid_reason(state, a) or f"action {a} is masked"
+            if self.config.invalid_action == "raise":
+                raise InvalidActionError(invalid)  # refused: not a decision of the episode
+        self._steps += 1
+        self._record_decision(state, a, mask)
+        finished = self._apply(sim, a) if invalid is None else self._apply_invalid(sim, invalid)
+        reward = -(state.clock - before) * self._scale
+        if invalid is not None:
+            reward -= self.config.invalid_action_penalty
+        terminated = finished or state.all_done or state.loop_detected
+        truncated = not terminated and self._steps >= self._max_steps
+        if (terminated or truncated) and not state.all_done:
+            reward -= self.config.incomplete_penalty * (1.0 - state.done_slots / self._n)
+            if state.loop_detected:
+                reward -= self.config.loop_penalty
+        self._refresh()
+        info = self._info() if (terminated or truncated) else {}
+        if invalid is not None:
+            info["invalid_action"] = invalid
+        return self._encoder.obs.copy(), reward, terminated, truncated, info
+
+    def _record_decision(self, state: SwarmState, action: int, mask: NDArray[np.bool_]) -> None:
+        """What the orchestrator saw when it decided, for the trajectory's observation summary."""
+        self.decisions.append(
+            (
+                action,
+                state.clock,
+                len(state.u_slot) - state.splits,
+                sum(1 for r in state.runnable if r > 0),
+                len(state.running),
+                state.done_slots,
+                state.failures,
+                int(np.count_nonzero(mask)),
+            )
+        )
+
+    def _apply(self, sim: SwarmSimulator, action: int) -> bool:
+        """Carry out a valid action; True if it ends the episode (FINISH)."""
+        self._invalid_run = 0
+        codec = self.codec
+        if action < codec.wait:
+            _, slot, agent, k = codec.decode(action)
+            sim.decide()
+            sim.start(slot, agent, k)
+            sim.deliver_due()
+            return False
+        if action == codec.wait:
+            sim.wait()
+            return False
+        return True
+
+    def _apply_invalid(self, sim: SwarmSimulator, reason: str) -> bool:
+        """Charge an invalid action a decision; past the limit in a row it is a loop."""
+        self.invalid_actions += 1
+        self._invalid_run += 1
+        sim.decide()
+        sim.deliver_due()
+        if self._invalid_run >= self.config.invalid_action_loop_limit:
+            sim.state.loop_reason = (
+                f"invalid-action loop: {self._invalid_run} invalid actions in a row "
+                f"(last: {reason})"
+            )
+        return False
+
+    def _info(self) -> dict[str, Any]:
+        """The episode's outcome so far (``reset``'s info, and ``step``'s at the end)."""
+        state = self.state
+        return {
+            "task": self.task.name,
+            "latency": state.clock,
+            "lower_bound": self.bound.value,
+            "completed": state.all_done,
+            "loop_detected": state.loop_detected,
+            "loop_reason": state.loop_reason,
+            "steps": self._steps,
+            "executions": len(state.executions),
+            "failures": state.failures,
+            "invalid_actions": self.invalid_actions,
+        }

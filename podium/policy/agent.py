@@ -1,0 +1,162 @@
+"""The orchestrator agent: the policy network plus the glue between it and the environment.
+
+The environment gives a flat observation padded to ``max_subtasks`` slots and a flat action
+mask in the same padded layout. The agent trims both to the slots the largest task of the batch
+uses (attention costs O(S²), and padding slots are always masked), runs the network, and maps
+the chosen actions back to the environment's layout. The cutting and index mapping are the
+environment's encoding (:class:`~podium.envs.swarm.observation.ObservationLayout`,
+:class:`~podium.envs.swarm.actions.ActionCodec`); the agent only applies them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import Tensor
+
+from podium.envs.swarm.actions import ActionCodec
+from podium.envs.swarm.observation import ObservationLayout
+from podium.envs.swarm.state import SwarmState
+from podium.policy.network import NetworkConfig, SwarmPolicyNet
+
+
+def guard_mask(state: SwarmState, mask: NDArray[np.bool_], codec: ActionCodec) -> NDArray[np.bool_]:
+    """The action mask minus the starts that loop detection would end the session on.
+
+    Starting a unit again on an agent it already failed on ``loop_retry_limit`` times is a
+    retry loop: the environment (rightly) ends the session there, incomplete. A learned
+    policy must never be able to choose that, neither by chance nor because ending early
+    looks cheap, so the orchestrator's policy acts on this guarded mask. If the guard would
+    leave nothing valid, the unguarded mask is returned and loop detection does its job.
+    """
+    limit = state.config.loop_retry_limit
+    guarded: NDArray[np.bool_] | None = None
+    for slot, idle in enumerate(state.failed_idle):
+        if idle <= 0 or slot >= codec.max_subtasks:
+            continue
+        unit = state.next_unit(slot)
+        if unit < 0:
+            continue
+        for agent, fails in enumerate(state.u_fails_on[unit]):
+            if fails >= limit:
+                if guarded is None:
+                    guarded = mask.copy()
+                guarded[codec.start(slot, agent, 1)] = False
+    if guarded is None or not guarded.any():
+        return mask
+    return guarded
+
+
+@dataclass(frozen=True, slots=True)
+class ActResult:
+    """Actions chosen for a batch, in the environment's full layout."""
+
+    actions: NDArray[np.int64]
+    """Action indices ``[B]`` (full layout)."""
+    log_probs: NDArray[np.float32]
+    """log π(a|s) ``[B]``."""
+    values: NDArray[np.float32]
+    """V(s) ``[B]``."""
+
+
+class SwarmAgent:
+    """A :class:`SwarmPolicyNet` bound to an environment layout."""
+
+    def __init__(
+        self, layout: ObservationLayout, net: SwarmPolicyNet | None = None, **net_kwargs: int
+    ) -> None:
+        self.layout = layout
+        self.num_agents = len(layout.agents)
+        self.codec = ActionCodec(layout.max_subtasks, self.num_agents)
+        """The environment's action layout (all ``max_subtasks`` slots)."""
+        self.net = net or SwarmPolicyNet(
+            NetworkConfig(
+                slot_features=layout.slot_features,
+                global_features=layout.global_token_features,
+                num_agents=self.num_agents,
+                **net_kwargs,
+            )
+        )
+
+    def inputs(
+        self, obs: NDArray[np.float32], masks: NDArray[np.bool_], used_slots: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Network inputs for a batch whose largest task has ``used_slots`` subtasks."""
+        slots, present, globals_ = self.layout.split(obs, used_slots)
+        trimmed = self.codec.translate_mask(masks, self.codec.with_slots(used_slots))
+        return (
+            torch.from_numpy(np.ascontiguousarray(slots)),
+            torch.from_numpy(np.ascontiguousarray(present)),
+            torch.from_numpy(np.ascontiguousarray(globals_)),
+            torch.from_numpy(np.ascontiguousarray(trimmed)),
+        )
+
+    def to_trimmed(self, actions: NDArray[np.int64], used_slots: int) -> NDArray[np.int64]:
+        """Full-layout action indices → the trimmed layout of ``used_slots`` slots."""
+        return self.codec.translate_many(actions, self.codec.with_slots(used_slots))
+
+    def to_full(self, actions: NDArray[np.int64], used_slots: int) -> NDArray[np.int64]:
+        """Trimmed-layout action indices → the environment's full layout."""
+        return self.codec.with_slots(used_slots).translate_many(actions, self.codec)
+
+    @torch.no_grad()
+    def act(
+        self,
+        obs: NDArray[np.float32],
+        masks: NDArray[np.bool_],
+        used_slots: int,
+        *,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> ActResult:
+        """Sample (or take the argmax of) the masked policy for each row of the batch."""
+        logits, values = self.net(*self.inputs(obs, masks, used_slots))
+        return self.select(logits, values, used_slots, greedy=greedy, generator=generator)
+
+    @torch.no_grad()
+    def select(
+        self,
+        logits: Tensor,
+        values: Tensor,
+        used_slots: int,
+        *,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> ActResult:
+        """Choose actions from the network's outputs ``logits [B, A']``, ``values [B]`` on
+        :meth:`inputs` of ``used_slots`` slots, wherever they were computed.
+
+        :meth:`act` runs the network in this process; the orchestrator's served backend gets
+        the same outputs from a KServe-V2 server and chooses with this same function, so both
+        sample identically from identical logits (same generator, same draws).
+        """
+        log_p = torch.log_softmax(logits, dim=-1)
+        if greedy:
+            a = log_p.argmax(dim=-1)
+        else:
+            a = torch.multinomial(log_p.exp(), 1, generator=generator).squeeze(-1)
+        lp = log_p.gather(-1, a[:, None]).squeeze(-1)
+        trimmed = a.numpy().astype(np.int64)
+        return ActResult(
+            actions=self.to_full(trimmed, used_slots),
+            log_probs=lp.numpy().astype(np.float32),
+            values=values.numpy().astype(np.float32),
+        )
+
+    def evaluate(
+        self,
+        obs: NDArray[np.float32],
+        masks: NDArray[np.bool_],
+        used_slots: int,
+        actions: NDArray[np.int64],
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(log π(a|s), entropy, V(s), logits) with gradients, for the losses."""
+        logits, values = self.net(*self.inputs(obs, masks, used_slots))
+        log_p = torch.log_softmax(logits, dim=-1)
+        a = torch.from_numpy(self.to_trimmed(actions, used_slots))
+        lp = log_p.gather(-1, a[:, None]).squeeze(-1)
+        entropy = -(log_p.exp() * log_p).sum(-1)
+        return lp, entropy, values, logits

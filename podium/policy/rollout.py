@@ -1,0 +1,189 @@
+"""Collecting swarm episodes with a policy, many sessions in lock-step.
+
+Each call of the network decides for every live session at once (one batched forward pass),
+which is what makes a few-thousand-parameter attention policy cheap enough to train on CPU.
+Rule engines (cpls, greedy, sequential) run through the same loop, so behaviour cloning sees
+exactly the observations the learned policy will see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from podium.envs.swarm import RuleEngine, SwarmEnv, TaskSpec, make_policy
+from podium.envs.swarm.trajectory import episode_trajectory
+from podium.policy.agent import SwarmAgent, guard_mask
+from podium.policy.decisions import Episode, EpisodeRecorder, decision_data
+from podium.v1 import trajectory_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One session to run: a task and the seed of its simulated sub-agents."""
+
+    task: TaskSpec
+    seed: int
+
+
+@dataclass(slots=True)
+class _Live:
+    """A session in flight on one environment."""
+
+    job: int
+    """Index of its job."""
+    recorder: EpisodeRecorder
+    obs: NDArray[np.float32]
+    """The observation the next decision is made on."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Choices:
+    """One batched decision: actions (environment layout), log-probs and values."""
+
+    actions: NDArray[np.int64]
+    log_probs: NDArray[np.float32]
+    values: NDArray[np.float32]
+
+
+class _LockStep:
+    """The state of one :func:`run_episodes` call (see its docstring)."""
+
+    def __init__(
+        self,
+        envs: Sequence[SwarmEnv],
+        jobs: Sequence[Job],
+        agent: SwarmAgent | None,
+        engine: RuleEngine | None,
+        labeller: RuleEngine | None,
+    ) -> None:
+        self.envs = envs
+        self.jobs = jobs
+        self.agent = agent
+        self.engine = engine
+        self.labeller = labeller
+        self.pending = list(enumerate(jobs))[::-1]
+        self.live: dict[int, _Live] = {}
+
+    def launch(self, e: int) -> None:
+        """Start the next pending job on environment ``e``."""
+        j, job = self.pending.pop()
+        env = self.envs[e]
+        obs, _ = env.reset(seed=job.seed, options={"task": job.task})
+        self.live[e] = _Live(j, EpisodeRecorder(env.layout, env.codec, len(job.task.subtasks)), obs)
+
+    def masks(self, order: list[int]) -> NDArray[np.bool_]:
+        """The masks the policy decides on: guarded for the learned policy (never a start
+        that loop detection would end the session on), as they are for a rule engine."""
+        envs = self.envs
+        if self.agent is not None:
+            return np.stack(
+                [guard_mask(envs[e].state, envs[e].action_masks(), envs[e].codec) for e in order]
+            )
+        return np.stack([envs[e].action_masks() for e in order])
+
+    def decide(
+        self,
+        order: list[int],
+        masks: NDArray[np.bool_],
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> _Choices:
+        """One decision for every live session, in ``order``."""
+        if self.agent is not None:
+            n_max = max(len(self.envs[e].task.subtasks) for e in order)
+            obs = np.stack([self.live[e].obs for e in order])
+            res = self.agent.act(obs, masks, n_max, greedy=greedy, generator=generator)
+            return _Choices(res.actions, res.log_probs, res.values)
+        assert self.engine is not None
+        engine = self.engine
+        return _Choices(
+            np.array([engine.act(self.envs[e]).action for e in order], dtype=np.int64),
+            np.zeros(len(order), dtype=np.float32),
+            np.zeros(len(order), dtype=np.float32),
+        )
+
+    def advance(
+        self, e: int, mask: NDArray[np.bool_], action: int, log_prob: float, value: float
+    ) -> tuple[bool, bool, dict[str, Any]]:
+        """Record and apply one decision of environment ``e``'s session; (terminated,
+        truncated, info) of the step."""
+        live, env = self.live[e], self.envs[e]
+        teacher = None if self.labeller is None else self.labeller.act(env).action
+        live.recorder.record(live.obs, mask, action, log_prob, value, teacher)
+        live.obs, reward, terminated, truncated, info = env.step(action)
+        live.recorder.reward(reward)
+        return terminated, truncated, info
+
+
+def run_episodes(
+    envs: Sequence[SwarmEnv],
+    jobs: Sequence[Job],
+    *,
+    agent: SwarmAgent | None = None,
+    rule: str | None = None,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    policy_version: int = 0,
+    with_trajectories: bool = False,
+    on_episode: Callable[[Episode], None] | None = None,
+    teacher: str | None = None,
+) -> tuple[list[Episode], list[trajectory_pb2.Trajectory]]:
+    """Run every job to its end on ``envs`` (len(envs) sessions at a time).
+
+    Exactly one of ``agent`` (the learned policy; sampled, or argmax when ``greedy``) and
+    ``rule`` (a rule engine name: its actions are recorded with log-prob 0) decides. Returns
+    the episodes in job order and, if ``with_trajectories``, their ``Trajectory`` messages
+    with the training tensors in each decision.
+
+    ``teacher`` (a rule engine name) labels every state the acting policy visits with what the
+    rule engine would do there (DAgger, Ross et al. 2011): cloning those labels corrects the
+    states the learner itself drifts into, which plain cloning of the teacher's own sessions
+    never shows it.
+    """
+    if (agent is None) == (rule is None):
+        raise ValueError("pass exactly one of agent= and rule=")
+    run = _LockStep(
+        envs,
+        jobs,
+        agent,
+        make_policy(rule) if rule is not None else None,
+        make_policy(teacher) if teacher is not None else None,
+    )
+    episodes: list[Episode | None] = [None] * len(jobs)
+    trajs: list[trajectory_pb2.Trajectory | None] = [None] * len(jobs)
+    for e in range(min(len(envs), len(run.pending))):
+        run.launch(e)
+    while run.live:
+        order = sorted(run.live)
+        masks = run.masks(order)
+        choices = run.decide(order, masks, greedy, generator)
+        for i, e in enumerate(order):
+            a = int(choices.actions[i])
+            terminated, truncated, info = run.advance(
+                e, masks[i], a, float(choices.log_probs[i]), float(choices.values[i])
+            )
+            if not (terminated or truncated):
+                continue
+            live = run.live.pop(e)
+            ep = live.recorder.episode(
+                terminated=terminated, info=info, policy_version=policy_version
+            )
+            episodes[live.job] = ep
+            if with_trajectories:
+                trajs[live.job] = episode_trajectory(
+                    envs[e],
+                    policy_version=str(policy_version),
+                    labels={"policy": rule or "learned", "seed": str(jobs[live.job].seed)},
+                    data=decision_data(ep),
+                )
+            if on_episode is not None:
+                on_episode(ep)
+            if run.pending:
+                run.launch(e)
+    return [ep for ep in episodes if ep is not None], [t for t in trajs if t is not None]

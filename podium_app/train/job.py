@@ -1,0 +1,378 @@
+"""``podium train``: the main job. The orchestrator's policy learns through the real pipeline.
+
+Roles, and what travels between them on the bus (in-process by default, Kafka with
+``--bus kafka://...``)::
+
+    actor (orchestrator role) --Trajectory--> reward_svc --ScoredTrajectory--> learner_svc
+        ^                                                                        |
+        +-------------------- PolicyUpdated (uri, sha256) <----------------------+
+
+The same job runs on both buses; only where the services run differs
+(:mod:`podium_app.train.services`): as asyncio tasks in this process on the in-process bus,
+or each its own process against Kafka. The learner is learner_svc's learning loop with the
+swarm algorithm in both.
+
+1. Cold start: the rule engine (cpls) runs one session per training task and the policy is
+   fitted to its decisions (behaviour cloning, here in the driver); the result is the
+   learner's starting policy, which it announces as version 0. The observation carries the
+   rule engine's decision (the environment's advice columns), so version 0 reproduces cpls
+   and PPO learns where to depart from it.
+2. Each iteration the actor runs a batch of sessions with the current version (sampling, so it
+   explores) and publishes one ``Trajectory`` per session with the training tensors in its
+   decisions and the rollout baseline (cpls's return on the same (task, seed), common random
+   numbers); reward_svc scores them; the learner decodes the scored trajectories, runs one PPO
+   update, checkpoints, commits, publishes the new weights as safetensors with their sha256 and
+   announces them; the actor verifies and hot-swaps to them before its next batch (policy lag
+   0).
+3. A curriculum grows the task sizes; a validation split chooses the best version; the final
+   table compares it with the rule engines on held-out tasks of the shipped generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from learner_svc.algorithms.swarm import behaviour_cloning
+from podium import topics
+from podium.bus import Bus, EventPublisher, connect, is_kafka_url
+from podium.envs.swarm import EnvConfig, PoolSpec, SwarmEnv, TaskSpec, default_pool
+from podium.envs.swarm.generator import GENERALIST_ONLY_KINDS, generate_suite, held_out_split
+from podium.errors import PodiumError
+from podium.policy.agent import SwarmAgent
+from podium.policy.artifacts import path_from_uri
+from podium.policy.holder import PolicyHolder
+from podium.policy.rollout import Job, run_episodes
+from podium.policy.swarm import build_swarm_policy, save_policy
+from podium.v1 import reward_pb2, trajectory_pb2
+from podium_app.train.actor import Actor, VersionFollower, publish_trajectories
+from podium_app.train.config import IterationLog, Progress, TrainConfig, TrainResult
+from podium_app.train.evaluate import (
+    completion_rate,
+    evaluate_policies,
+    ratio_to_bound,
+    write_trajectories,
+)
+from podium_app.train.services import Deployment, EmbeddedServices, ProcessServices
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class _Tasks:
+    """The run's task suites."""
+
+    train: list[TaskSpec]
+    validation: list[TaskSpec]
+    test: list[TaskSpec]
+    max_size: int
+
+
+@dataclass(slots=True)
+class _Best:
+    """The version validation prefers so far (lowest latency/bound at cpls's completion)."""
+
+    ratio: float
+    version: int
+    event: reward_pb2.PolicyUpdated
+
+
+@dataclass
+class _Run:
+    """One run of the job: its settings, environments, actor and services."""
+
+    config: TrainConfig
+    tasks: _Tasks
+    pool: PoolSpec
+    env_cfg: EnvConfig
+    envs: list[SwarmEnv]
+    actor: Actor
+    services: Deployment
+    follower: VersionFollower
+    publisher: EventPublisher
+    writer: Any
+    say: Progress
+    rng: np.random.Generator
+    t0: float = field(default_factory=time.perf_counter)
+    val_jobs: list[Job] = field(default_factory=list)
+    cpls_val_ratio: float = math.nan
+    cpls_val_completion: float = 1.0
+    history: list[IterationLog] = field(default_factory=list)
+    best: _Best | None = None
+
+    async def guarded(self, aw: Awaitable[T], what: str) -> T:
+        """Await ``aw`` while checking that the services still run; time out by the config."""
+        task = asyncio.ensure_future(aw)
+        deadline = time.monotonic() + self.config.reward_timeout_s
+        while True:
+            self.services.check()
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            if time.monotonic() > deadline:
+                task.cancel()
+                raise PodiumError(
+                    f"timed out after {self.config.reward_timeout_s:.0f}s waiting for {what}"
+                )
+
+
+def _task_suites(config: TrainConfig) -> _Tasks:
+    suite = generate_suite(
+        config.suite_size,
+        seed=config.seed + 1,
+        sizes=config.sizes,
+        extra_kinds=GENERALIST_ONLY_KINDS,
+        extra_kind_p=config.extra_kind_p,
+    )
+    train_tasks, val_tasks = held_out_split(suite, config.validation_fraction, salt="val")
+    test_tasks = generate_suite(
+        config.test_suite_size, seed=config.seed + 10_007, sizes=config.test_sizes
+    )
+    max_size = max(len(t.subtasks) for t in [*suite, *test_tasks])
+    return _Tasks(train_tasks, val_tasks, test_tasks, max_size)
+
+
+def _cold_start(run: _Run) -> tuple[Path, list[dict[str, float]], trajectory_pb2.Trajectory]:
+    """Behaviour cloning from cpls (and DAgger rounds if configured); the starting policy file,
+    the cloning history, and one session of the untrained network (the "before" picture)."""
+    cfg, tasks = run.config, run.tasks
+    agent = SwarmAgent(run.envs[0].layout)
+    _, before = run_episodes(
+        run.envs, [Job(tasks.test[0], 424242)], agent=agent, greedy=True, with_trajectories=True
+    )
+    run.say("bc", {"demos": 0.0})
+    demo_jobs = [
+        Job(t, int(run.rng.integers(1 << 31)))
+        for _ in range(cfg.bc_demos_per_task)
+        for t in tasks.train
+    ]
+    demos, _ = run_episodes(run.envs, demo_jobs, rule="cpls")
+    cpls_val, _ = run_episodes(run.envs, run.val_jobs, rule="cpls")
+    run.cpls_val_ratio, run.cpls_val_completion = (
+        ratio_to_bound(cpls_val),
+        completion_rate(cpls_val),
+    )
+    history = behaviour_cloning(agent, demos, cfg.ppo, run.rng, epochs=cfg.bc_epochs)
+    data = list(demos)
+    for rnd in range(cfg.dagger_rounds):
+        # DAgger: the cloned policy drives, cpls labels the states it reaches, and the policy is
+        # cloned again on everything so far.
+        dagger_jobs = [Job(t, int(run.rng.integers(1 << 31))) for t in tasks.train]
+        labelled, _ = run_episodes(
+            run.envs,
+            dagger_jobs,
+            agent=agent,
+            greedy=rnd % 2 == 0,
+            teacher="cpls",
+            generator=run.actor.generator,
+        )
+        agreement = float(
+            np.mean(
+                np.concatenate([e.actions == e.teacher for e in labelled if e.teacher is not None])
+            )
+        )
+        data += labelled
+        more = behaviour_cloning(agent, data, cfg.ppo, run.rng, epochs=cfg.dagger_epochs)
+        for h in more:
+            h["epoch"] += len(history)
+            h["dagger_agreement"] = agreement
+        history += more
+    for h in history:
+        run.writer.add_scalar("bc/loss", h["bc_loss"], int(h["epoch"]))
+        run.writer.add_scalar("bc/accuracy", h["bc_accuracy"], int(h["epoch"]))
+    run.say("bc", {"accuracy": history[-1]["bc_accuracy"], "cpls_val": run.cpls_val_ratio})
+    ref = save_policy(
+        agent.net, cfg.run_dir / "init", 0, tuple(run.envs[0].layout.agents), init="bc"
+    )
+    return ref.path, history, before[0]
+
+
+def _validate(run: _Run, log: IterationLog, event: reward_pb2.PolicyUpdated) -> None:
+    """Greedy sessions on the validation tasks; remember the best version."""
+    _, val_eps, _ = run.actor.run(run.val_jobs, greedy=True)
+    log.val_ratio, log.val_completion = ratio_to_bound(val_eps), completion_rate(val_eps)
+    run.writer.add_scalar("val/ratio_to_bound", log.val_ratio, log.iteration)
+    run.writer.add_scalar("val/cpls_ratio_to_bound", run.cpls_val_ratio, log.iteration)
+    if log.val_completion >= run.cpls_val_completion and (
+        run.best is None or log.val_ratio < run.best.ratio
+    ):
+        run.best = _Best(log.val_ratio, log.version, event)
+
+
+def _jobs_for(run: _Run, it: int) -> tuple[int, list[Job]]:
+    """The curriculum stage of iteration ``it`` and its sessions (tasks drawn from the stage)."""
+    cfg, stages = run.config, list(run.config.curriculum)
+    stage = stages[min((it - 1) * len(stages) // cfg.iterations, len(stages) - 1)]
+    pool_tasks = [t for t in run.tasks.train if len(t.subtasks) <= stage] or run.tasks.train
+    jobs = [
+        Job(pool_tasks[int(i)], int(run.rng.integers(1 << 31)))
+        for i in run.rng.integers(len(pool_tasks), size=cfg.episodes_per_iteration)
+    ]
+    return stage, jobs
+
+
+async def _iteration(run: _Run, it: int, version: int) -> int:
+    """One PPO iteration through the services; returns the new version."""
+    stage, jobs = _jobs_for(run, it)
+    eps, trajs = run.actor.sample(jobs, run.config.rollout_baseline)
+    await publish_trajectories(run.publisher, trajs)
+    event = await run.guarded(
+        run.follower.wait_version(version + 1, None), f"policy version {version + 1}"
+    )
+    stats = {k: float(v) for k, v in event.metrics.items()}
+    log = IterationLog(
+        it,
+        event.version,
+        stage,
+        ratio_to_bound(eps),
+        completion_rate(eps),
+        stats.get("reward_total", math.nan),
+        stats,
+    )
+    run.writer.add_scalar("train/ratio_to_bound", log.train_ratio, it)
+    run.writer.add_scalar("train/completion", log.train_completion, it)
+    run.writer.add_scalar("train/reward_total", log.reward_total, it)
+    if it % run.config.eval_every == 0 or it == run.config.iterations:
+        _validate(run, log, event)
+    log.wall_s = time.perf_counter() - run.t0
+    run.history.append(log)
+    run.say(
+        "ppo",
+        {
+            "iteration": float(it),
+            "iterations": float(run.config.iterations),
+            "ratio": log.train_ratio,
+            "completion": log.train_completion,
+            "reward": log.reward_total,
+            "val": log.val_ratio if log.val_ratio is not None else math.nan,
+            "best": run.best.ratio if run.best else math.inf,
+            "cpls_val": run.cpls_val_ratio,
+        },
+    )
+    return int(event.version)
+
+
+async def _finish(
+    run: _Run, bc_history: list[dict[str, float]], before: trajectory_pb2.Trajectory
+) -> TrainResult:
+    """Serve the best version, the held-out table, the files and the report."""
+    cfg = run.config
+    run.say("eval", {})
+    if run.best is None:
+        raise PodiumError("no version completed the validation sessions as well as cpls")
+    best = run.best.event
+    best_path = path_from_uri(best.uri)
+    run.actor.holder = PolicyHolder(build_swarm_policy)
+    await run.actor.holder.aload(best_path, int(best.version), best.sha256)
+    summary = evaluate_policies(
+        run.actor, run.tasks.test, run.pool, cfg.test_episodes, run.env_cfg, seed=777
+    )
+    _, _, after = run.actor.run(
+        [Job(run.tasks.test[0], 424242)], greedy=True, with_trajectories=True
+    )
+    final = cfg.run_dir / "policy.safetensors"
+    final.write_bytes(best_path.read_bytes())
+    (cfg.run_dir / "policy.safetensors.sha256").write_text(f"{best.sha256}  policy.safetensors\n")
+    (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_trajectories(cfg.run_dir, before, after[0])
+    result = TrainResult(
+        run_dir=cfg.run_dir,
+        best_version=run.best.version,
+        best_checkpoint=final,
+        history=run.history,
+        bc_history=bc_history,
+        cpls_val_ratio=run.cpls_val_ratio,
+        summary=summary,
+        wall_s=time.perf_counter() - run.t0,
+    )
+    from podium_app.train.report import write_report
+
+    write_report(result, before, after[0])
+    return result
+
+
+def _new_run(config: TrainConfig, bus: Bus, say: Progress) -> _Run:
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.manual_seed(config.seed)
+    torch.set_num_threads(1)
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    (config.run_dir / "config.json").write_text(json.dumps(config.to_json(), indent=2))
+    tasks = _task_suites(config)
+    pool = default_pool()
+    env_cfg = EnvConfig(max_subtasks=tasks.max_size, invalid_action="raise")
+    envs = SwarmEnv.replicas(config.num_envs, tasks.train, pool, env_cfg)
+    actor = Actor(envs, config.seed)
+    tag = f"{config.run_dir.name}-{int(time.time() * 1000)}"
+    kafka = is_kafka_url(config.bus)
+    services: Deployment = ProcessServices(config, tag) if kafka else EmbeddedServices(config, tag)
+    run = _Run(
+        config=config,
+        tasks=tasks,
+        pool=pool,
+        env_cfg=env_cfg,
+        envs=envs,
+        actor=actor,
+        services=services,
+        follower=VersionFollower(actor, bus, tag, config.run_dir / "checkpoints"),
+        publisher=EventPublisher(bus, producer_name=f"podium-train/{tag}"),
+        writer=SummaryWriter(str(config.run_dir / "tb")),
+        say=say,
+        rng=np.random.default_rng(config.seed),
+    )
+    run.val_jobs = [
+        Job(t, 50_000 + s) for s in range(config.validation_seeds) for t in tasks.validation
+    ]
+    return run
+
+
+async def train(config: TrainConfig, progress: Progress | None = None) -> TrainResult:
+    """Run the whole job; see the module docstring."""
+    bus = connect(config.bus)
+    run = _new_run(config, bus, progress or (lambda _phase, _figs: None))
+    await bus.start()
+    following: asyncio.Task[None] | None = None
+    exit_codes: dict[str, int] = {}
+    try:
+        init, bc_history, before = _cold_start(run)
+        follower = run.follower
+        await run.services.start(
+            bus, init, run.tasks.max_size, {follower.group_id: [topics.POLICY_UPDATES]}
+        )
+        await follower.consumer.start()
+        following = asyncio.create_task(follower.consumer.run(), name="actor-policy-updates")
+        first = await run.guarded(run.follower.wait_version(0, None), "policy version 0")
+        start = IterationLog(0, 0, 0, math.nan, math.nan, math.nan, {})
+        _validate(run, start, first)
+        start.wall_s = time.perf_counter() - run.t0
+        run.history.append(start)
+        version = 0
+        for it in range(1, config.iterations + 1):
+            version = await _iteration(run, it, version)
+        run.writer.flush()
+        result = await _finish(run, bc_history, before)
+    finally:
+        run.writer.close()
+        with contextlib.suppress(Exception):
+            await run.follower.consumer.stop()
+        if following is not None:
+            following.cancel()
+            with contextlib.suppress(BaseException):
+                await following
+        exit_codes = await run.services.stop()
+        await bus.stop()
+    result.exit_codes = exit_codes
+    return result
+
+
+__all__ = ["TrainConfig", "TrainResult", "train"]

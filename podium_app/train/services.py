@@ -1,0 +1,212 @@
+"""Where ``podium train`` runs the services that learn: in this process, or each its own process.
+
+Both deployments run the same two services with the same settings: reward_svc (scores every
+``Trajectory``) and learner_svc's learning loop with the swarm algorithm
+(:class:`~learner_svc.loop.LearningLoop` + :class:`~learner_svc.algorithms.swarm.SwarmPPO`).
+
+* :class:`EmbeddedServices` (``inproc://``, the zero-setup default): both as asyncio tasks on
+  the in-process bus;
+* :class:`ProcessServices` (``kafka://``): ``python -m reward_svc`` and ``python -m
+  learner_svc`` as processes against the broker, configured through the same environment
+  variables an operator sets, built from the same settings objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from learner_svc.algorithms.swarm import SwarmPPO, SwarmSettings
+from learner_svc.config import LearnerConfig, LoopSettings
+from learner_svc.loop import LearningLoop
+from podium import rewards, topics
+from podium.bus import Bus
+from podium.bus.base import TopicSpec
+from podium.bus.kafka import KafkaBus
+from podium.errors import PodiumError
+from podium_app.processes import SERVICES_ROOT, ServiceProcesses
+from podium_app.train.config import TrainConfig
+from reward_svc.app import RewardApp
+from reward_svc.config import RewardServiceConfig
+
+
+def learner_settings(
+    config: TrainConfig, init: Path, max_subtasks: int
+) -> tuple[LoopSettings, SwarmSettings]:
+    """The learner's loop and algorithm settings for a run (one PPO iteration per update)."""
+    run = config.run_dir.resolve()
+    loop = LoopSettings(
+        checkpoint_dir=str(run / "learner"),
+        batch_trajectories=config.episodes_per_iteration,
+        max_policy_lag=config.max_policy_lag,
+        tensorboard_dir=str(run / "tb"),
+    )
+    ppo = config.ppo
+    algorithm = SwarmSettings(
+        artifacts_dir=str(run / "checkpoints"),
+        model_repository=str(config.model_repository.resolve()) if config.model_repository else "",
+        init=str(init.resolve()),
+        max_subtasks=max_subtasks,
+        seed=config.seed,
+        learning_rate=ppo.learning_rate,
+        learning_rate_end=ppo.learning_rate_end,
+        ent_coef_start=ppo.ent_coef_start,
+        ent_coef_end=ppo.ent_coef_end,
+        gae_lambda=ppo.gae_lambda,
+        total_updates=config.iterations,
+        critic_warmup_updates=config.critic_warmup_iterations,
+    )
+    return loop, algorithm
+
+
+def settings_env(settings: Any) -> dict[str, str]:
+    """The environment variables that reproduce ``settings`` (a config read with ``env()``)."""
+    out = {}
+    for f in dataclasses.fields(settings):
+        var = f.metadata.get("env")
+        if var is not None:
+            value = getattr(settings, f.name)
+            out[var] = repr(value) if isinstance(value, float) else str(value)
+    return out
+
+
+class Deployment(Protocol):
+    """The learning services of one run."""
+
+    async def start(
+        self, bus: Bus, init: Path, max_subtasks: int, driver_groups: dict[str, list[str]]
+    ) -> None:
+        """Start reward_svc and the learner (which announces ``init`` as version 0).
+        ``driver_groups``: the driver's own consumer groups, positioned like the services'."""
+        ...
+
+    def check(self) -> None:
+        """Raise :class:`PodiumError` if a service has died."""
+        ...
+
+    async def stop(self) -> dict[str, int]:
+        """Stop everything started (whatever happened); exit codes by service."""
+        ...
+
+
+class EmbeddedServices:
+    """reward_svc and the learning loop as asyncio tasks on the in-process bus."""
+
+    def __init__(self, config: TrainConfig, tag: str) -> None:
+        self.config = config
+        self.tag = tag
+        self._reward: RewardApp | None = None
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self._stop = asyncio.Event()
+
+    async def start(
+        self, bus: Bus, init: Path, max_subtasks: int, driver_groups: dict[str, list[str]]
+    ) -> None:
+        del driver_groups  # a fresh in-process bus holds no other run's events
+        reward_cfg = RewardServiceConfig(bus_url="inproc://", instance=f"{self.tag}-reward")
+        self._reward = RewardApp(reward_cfg, rewards.default_config(), bus)
+        await self._reward.start()
+        self._tasks["reward_svc"] = asyncio.create_task(self._reward.wait(), name="reward_svc")
+        loop_settings, settings = learner_settings(self.config, init, max_subtasks)
+        algorithm = SwarmPPO.from_settings(settings)
+        service = LearnerConfig(bus_url="inproc://", group_id=f"{self.tag}.learner")
+        loop = LearningLoop(
+            loop_settings.loop_config(service, f"{self.tag}-learner"), algorithm, bus
+        )
+        self._tasks["learner_svc"] = asyncio.create_task(
+            loop.run(stop=self._stop), name="learner_svc"
+        )
+
+    def check(self) -> None:
+        for name, task in self._tasks.items():
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise PodiumError(f"{name} failed: {task.exception()!r}")
+
+    async def stop(self) -> dict[str, int]:
+        self._stop.set()
+        if self._reward is not None:
+            with contextlib.suppress(Exception):
+                await self._reward.stop()
+        codes = {}
+        for name, task in self._tasks.items():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait({task}, timeout=self.config.stop_timeout_s)
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            failed = not task.cancelled() and task.exception() is not None
+            codes[name] = 1 if failed else 0
+        return codes
+
+
+class ProcessServices:
+    """``python -m reward_svc`` and ``python -m learner_svc`` as processes against Kafka."""
+
+    def __init__(self, config: TrainConfig, tag: str) -> None:
+        self.config = config
+        self.tag = tag
+        self.processes = ServiceProcesses(config.run_dir / "logs", config.stop_timeout_s)
+
+    def groups(self) -> dict[str, list[str]]:
+        """The services' consumer groups and their topics (positioned at the topics' ends
+        before the processes start, so neither replays another run's events)."""
+        return {
+            f"{self.tag}.reward": [topics.TRAJECTORIES],
+            f"{self.tag}.learner": [topics.SCORED_TRAJECTORIES],
+        }
+
+    def environments(self, init: Path, max_subtasks: int) -> dict[str, dict[str, str]]:
+        """Module and environment of every process, by service."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith("PODIUM_")}
+        base["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(SERVICES_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        )
+        base["PODIUM_BUS"] = self.config.bus
+        loop_settings, settings = learner_settings(self.config, init, max_subtasks)
+        reward = {
+            "PODIUM_REWARD_GROUP": f"{self.tag}.reward",
+            "PODIUM_REWARD_TRANSACTIONAL_ID": f"{self.tag}-reward-0",
+            "PODIUM_INSTANCE": f"{self.tag}-reward",
+        }
+        learner = {
+            "PODIUM_LEARNER_MODE": "swarm",
+            "PODIUM_GROUP_ID": f"{self.tag}.learner",
+            "PODIUM_INSTANCE": f"{self.tag}-learner",
+            **settings_env(loop_settings),
+            **settings_env(settings),
+        }
+        return {
+            "reward_svc": {**base, **reward},
+            "learner_svc": {**base, **learner},
+        }
+
+    async def start(
+        self, bus: Bus, init: Path, max_subtasks: int, driver_groups: dict[str, list[str]]
+    ) -> None:
+        if not isinstance(bus, KafkaBus):
+            raise PodiumError("service processes need a Kafka bus")
+        partitions = bus.config.default_partitions
+        await bus.create_topics([TopicSpec(t, partitions) for t in topics.ALL])
+        await bus.position_groups_at_end({**self.groups(), **driver_groups})
+        for name, env in self.environments(init, max_subtasks).items():
+            await self.processes.start(name, self.config.python, name, env)
+
+    def check(self) -> None:
+        self.processes.check()
+
+    async def stop(self) -> dict[str, int]:
+        return await self.processes.stop()
+
+
+__all__ = [
+    "Deployment",
+    "EmbeddedServices",
+    "ProcessServices",
+    "learner_settings",
+    "settings_env",
+]

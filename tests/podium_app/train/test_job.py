@@ -1,0 +1,125 @@
+"""``podium train`` on the embedded default: the job runs reward_svc and learner_svc's learning
+loop as tasks on the in-process bus; every trajectory is trained exactly once, carries its
+rollout baseline, and every published version >= 1 is exported to ONNX beside its weights
+(``--model-repository``) and computes what they compute."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from learner_svc.checkpoint import load_checkpoint
+from podium.policy.artifacts import load_weights
+from podium.policy.swarm import MODEL_NAME, build_swarm_policy, serving_signature
+from podium.serving.contract import random_inputs
+from podium.serving.export import onnx_session, torch_forward
+from podium_app.train.config import TrainConfig
+from podium_app.train.job import train
+
+
+def small_config(run_dir: Path, **kw: object) -> TrainConfig:
+    """A job of a few seconds: a dozen small tasks, two PPO iterations."""
+    settings: dict[str, object] = {
+        "run_dir": run_dir,
+        "suite_size": 12,
+        "sizes": (4, 8),
+        "curriculum": (8,),
+        "test_suite_size": 2,
+        "test_sizes": (4, 8),
+        "bc_demos_per_task": 1,
+        "bc_epochs": 1,
+        "iterations": 2,
+        "episodes_per_iteration": 4,
+        "num_envs": 4,
+        "eval_every": 1,
+        "validation_seeds": 1,
+        "test_episodes": 1,
+    }
+    settings.update(kw)
+    return TrainConfig(**settings)  # type: ignore[arg-type]
+
+
+async def test_embedded_job_trains_every_trajectory_once_and_exports_each_version(
+    tmp_path: Path,
+) -> None:
+    repository = tmp_path / "models"
+    config = small_config(tmp_path / "run", model_repository=repository)
+    result = await train(config)
+    assert result.exit_codes == {"reward_svc": 0, "learner_svc": 0}
+    # The learner is learner_svc's loop: its checkpoint's ledger holds every session once.
+    ckpt = load_checkpoint(tmp_path / "run" / "learner")
+    assert ckpt is not None
+    state = ckpt.state
+    assert state.step == config.iterations and state.policy_version == config.iterations
+    assert state.trained == len(set(state.ledger)) == config.iterations * 4
+    assert state.skipped_off_policy == state.dropped_stale == state.dead_lettered == 0
+    # Each update saw the rollout baseline (cpls on the same sessions) and the critic warm-up.
+    assert [h.stats.get("critic_only") for h in result.history[1:]] == [1.0, 0.0]
+    assert all("gain_vs_baseline" in h.stats for h in result.history[1:])
+    weights_root = tmp_path / "run" / "checkpoints" / MODEL_NAME
+    published = sorted(int(d.name) for d in weights_root.iterdir() if d.name.isdigit())
+    exported = sorted(int(d.name) for d in (repository / MODEL_NAME).iterdir() if d.is_dir())
+    # 0 = behaviour cloning (never exported: Triton versions start at 1), then one per update.
+    assert published == [0, 1, 2] and exported == [1, 2]
+    for version in exported:
+        net, _ = build_swarm_policy(
+            load_weights(weights_root / str(version) / "weights.safetensors")
+        )
+        inputs = random_inputs(serving_signature(net), 3, 6, np.random.default_rng(version))
+        got = onnx_session(repository / MODEL_NAME / str(version) / "model.onnx").run(
+            None, inputs.arrays()
+        )
+        for g, w in zip(got, torch_forward(net, inputs), strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-4, rtol=0)
+    summary = result.summary["summary"]
+    assert set(summary) == {"sequential", "greedy", "cpls", "learned"}
+    assert (tmp_path / "run" / "report.html").is_file()
+
+
+def test_cli_options_reach_the_config(tmp_path: Path) -> None:
+    from podium_app.commands.train import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--quick", "--model-repository", str(tmp_path), "--bus", "kafka://127.0.0.1:9"]
+    )
+    cfg = config_from_args(args)
+    assert isinstance(cfg, TrainConfig) and cfg.model_repository == tmp_path
+    assert cfg.bus == "kafka://127.0.0.1:9"
+    assert config_from_args(parser.parse_args([])).model_repository is None  # type: ignore[attr-defined]
+
+
+def test_train_command_sets_a_previous_run_aside(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Re-running the README's main job into the same run directory works and keeps the
+    earlier run (versions are immutable: writing into its checkpoints would be refused)."""
+    from podium_app.cli import main
+    from podium_app.commands.train import set_aside_previous_run
+
+    assert set_aside_previous_run(tmp_path / "absent") is None
+    (tmp_path / "empty").mkdir()
+    assert set_aside_previous_run(tmp_path / "empty") is None
+    run_dir = tmp_path / "latest"
+    (run_dir / "checkpoints" / "swarm_policy" / "1").mkdir(parents=True)
+    (run_dir / "checkpoints" / "swarm_policy" / "1" / "weights.safetensors").write_bytes(b"old")
+    assert main(["train", "--quick", "--run-dir", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    assert f"previous run in {run_dir} moved to" in err
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("latest.")]
+    assert len(kept) == 1
+    assert (kept[0] / "checkpoints/swarm_policy/1/weights.safetensors").read_bytes() == b"old"
+    assert (run_dir / "report.html").is_file() and (run_dir / "summary.json").is_file()
+    # A second set-aside in the same second does not collide with the first.
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("1")
+    first = set_aside_previous_run(tmp_path / "other")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("2")
+    second = set_aside_previous_run(tmp_path / "other")
+    assert first is not None and second is not None and first != second
+    assert (second / "x").read_text() == "2"
