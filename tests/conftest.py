@@ -1,4 +1,4 @@
-"""Shared fixtures: the event bus under test and the Kafka broker it may talk to.
+"""Shared fixtures: the event bus under test, the Kafka broker and the KServe-V2 server.
 
 ``bus`` is parametrized over both implementations, so every test that uses it is a contract
 test: ``[inproc]`` always runs; ``[kafka]`` needs a real broker named by
@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from svc_helpers import run_stack
 
 from podium.bus import Bus, InProcBus, KafkaBus, KafkaConfig
 
 KAFKA_ENV = "PODIUM_KAFKA_BOOTSTRAP"
+V2_GRPC_ENV = "PODIUM_V2_GRPC"
+V2_REPOSITORY_ENV = "PODIUM_V2_REPOSITORY"
 
 
 def _in_ci() -> bool:
@@ -78,3 +83,63 @@ def unique() -> Callable[[str], str]:
         return f"test.{prefix}.{run}.{uuid.uuid4().hex[:6]}"
 
     return make
+
+
+@pytest.fixture
+async def inproc_bus() -> AsyncIterator[InProcBus]:
+    """A started in-process bus; stopped after the test."""
+    bus = InProcBus()
+    await bus.start()
+    try:
+        yield bus
+    finally:
+        await bus.stop()
+
+
+@pytest.fixture
+def stack_factory() -> Callable[..., Any]:
+    """``async with stack_factory(bus, ...) as stack:`` (see :func:`svc_helpers.run_stack`)."""
+    return run_stack
+
+
+# -- the real KServe-V2 server (scripts/v2server.sh start) -------------------------------------
+
+
+def _need_v2(var: str) -> str:
+    value = os.environ.get(var, "").strip()
+    if not value:
+        if _in_ci():
+            pytest.fail(f"CI=true but ${var} is not set: CI must start scripts/v2server.sh first")
+        pytest.skip(f'no KServe-V2 server: set ${var} (eval "$(scripts/v2server.sh start DIR)")')
+    return value
+
+
+@pytest.fixture(scope="session")
+def v2_grpc() -> str:
+    """``host:port`` of the real V2 server's gRPC endpoint."""
+    return _need_v2(V2_GRPC_ENV)
+
+
+@pytest.fixture(scope="session")
+def v2_repository() -> Path:
+    """The model repository directory the server serves (tests export into it)."""
+    path = Path(_need_v2(V2_REPOSITORY_ENV))
+    if not path.is_dir():
+        pytest.fail(f"${V2_REPOSITORY_ENV}={path} is not a directory")
+    return path
+
+
+@pytest.fixture
+def model_name(v2_grpc: str) -> Iterator[str]:
+    """A model name unique to the test (tests share one server); unloaded afterwards."""
+    import tritonclient.grpc as grpcclient
+
+    name = f"policy_{uuid.uuid4().hex[:10]}"
+    yield name
+    client = grpcclient.InferenceServerClient(v2_grpc)
+    try:
+        client.unload_model(name)
+    except Exception:
+        pass  # never loaded, or the test unloaded it itself
+    finally:
+        client.close()

@@ -27,7 +27,7 @@ from podium.telemetry import client_interceptors
 from podium.v1 import session_service_pb2 as ss
 from podium.v1 import session_service_pb2_grpc
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHUTDOWN_TIMEOUT_S = 10.0
 """PODIUM_SHUTDOWN_TIMEOUT_S of every service: how long a graceful stop may wait for work in
 hand. The orchestrator may use all of it: a probe session that timed out is still running

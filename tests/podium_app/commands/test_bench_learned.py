@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from podium_app.cli import main
 from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool
 from podium.envs.swarm.benchmark import bench_scheduling, run_episode
 from podium.envs.swarm.generator import generate_task
@@ -25,8 +24,9 @@ from podium.envs.swarm.spec import load_tasks, task_to_dict
 from podium.errors import ConfigError
 from podium.policy.agent import SwarmAgent
 from podium.policy.swarm import LearnedPolicy, save_policy
+from podium_app.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EPISODES = 2
 SEED = 3
 

@@ -11,7 +11,7 @@ from podium.rewards import DETECTORS, default_config, score
 from podium.rewards.examples import execution
 from podium.v1 import task_pb2, trajectory_pb2
 
-TASKS = Path(__file__).parents[2] / "podium" / "data" / "tasks"
+TASKS = Path(__file__).parents[3] / "podium" / "data" / "tasks"
 
 
 def _hand_built_pair() -> tuple[trajectory_pb2.Trajectory, trajectory_pb2.Trajectory]:

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from serving_helpers import SIGNATURE, make_policy
 
 from podium.errors import ArtifactError, ConfigError
 from podium.serving.backends import LocalPolicy, ServingConfig, make_policy_backend, parse_backend
@@ -27,9 +28,7 @@ from podium.serving.export import (
 )
 from podium.serving.pbtxt import read_model_config
 
-from .conftest import SIGNATURE, make_policy
-
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

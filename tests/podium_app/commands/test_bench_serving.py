@@ -44,10 +44,9 @@ def test_bench_serving_reports_local_and_served(
     assert "served   batch1" in printed and "targets:" in printed
     # The benchmark cleans up after itself: its model is unloaded from the shared server.
     import tritonclient.grpc as grpcclient
+    from serving_helpers import SIGNATURE
 
     from podium.serving.backends import ServedPolicy
-
-    from .conftest import SIGNATURE
 
     client = grpcclient.InferenceServerClient(v2_grpc)
     try:

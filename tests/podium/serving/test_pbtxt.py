@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from serving_helpers import SIGNATURE
 
 from podium.errors import ConfigError
 from podium.serving.contract import render_policy_config
 from podium.serving.pbtxt import model_config_from_text, parse_text, read_model_config, version_dirs
-
-from .conftest import SIGNATURE
 
 TRITON_DOC_EXAMPLE = """
 # from Triton's model configuration guide, reformatted

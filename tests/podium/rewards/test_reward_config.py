@@ -15,7 +15,7 @@ from podium.rewards import default_config, load_config
 from podium.rewards.config import RewardConfig, config_from_mapping
 from podium.rewards.schedules import cosine_anneal, linear_anneal, schedule_value
 
-DATA = Path(__file__).parents[2] / "podium" / "data" / "rewards"
+DATA = Path(__file__).parents[3] / "podium" / "data" / "rewards"
 
 
 def _default_mapping() -> dict:

@@ -19,7 +19,7 @@ from podium.rewards.examples import EXAMPLES
 from podium.v1 import reward_pb2, trajectory_pb2
 
 pytestmark = pytest.mark.kafka
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 PARL = ROOT / "podium" / "data" / "rewards" / "parl.yaml"
 
 

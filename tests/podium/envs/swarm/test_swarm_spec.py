@@ -237,4 +237,4 @@ def test_default_pool_shape() -> None:
             if kind != "*":
                 # Specialists are faster than the generalist on their kinds.
                 assert prof.speed > g.speed, (a.name, kind)
-    assert load_pool(Path(__file__).parents[2] / "podium/data/pools/default.yaml") == pool
+    assert load_pool(Path(__file__).parents[4] / "podium/data/pools/default.yaml") == pool

@@ -13,14 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from serving_helpers import SIGNATURE, make_policy
 
 from podium.errors import ArtifactError, ProcessingError
 from podium.serving.backends import LocalPolicy, ServedPolicy, ServingConfig, make_policy_backend
 from podium.serving.contract import PolicyInputs, random_inputs, stack_padded, unstack_padded
 from podium.serving.export import export_policy
 from podium.v1.reward_pb2 import PolicyUpdated
-
-from .conftest import SIGNATURE, make_policy
 
 pytestmark = pytest.mark.serving
 

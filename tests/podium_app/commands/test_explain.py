@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from podium_app.cli import main
 from podium.codec import message_from_json
 from podium.rewards import DETECTORS, default_config, score
 from podium.rewards.examples import EXAMPLES
 from podium.v1 import trajectory_pb2
+from podium_app.cli import main
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 TRAJ = ROOT / "podium" / "data" / "trajectories"
 
 

@@ -27,9 +27,8 @@ from podium.config import from_env
 from podium.envs.swarm import EnvConfig, SwarmEnv, TaskSpec, default_pool
 from podium.envs.swarm.generator import generate_suite
 from podium.errors import ArtifactError, ConfigError, ProcessingError
-from podium.policy.holder import Served
-from podium.serving.backends import LocalPolicy, ServedPolicy
 from podium.policy.agent import SwarmAgent
+from podium.policy.holder import Served
 from podium.policy.swarm import (
     MODEL_NAME,
     export_swarm_policy,
@@ -37,6 +36,7 @@ from podium.policy.swarm import (
     serving_signature,
     swarm_policy_updated,
 )
+from podium.serving.backends import LocalPolicy, ServedPolicy
 from podium.v1 import reward_pb2
 
 BUS = {"PODIUM_BUS": "kafka://127.0.0.1:9092"}

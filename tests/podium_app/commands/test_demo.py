@@ -7,11 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from podium_app.commands.demo import run_demo
 from podium.envs.swarm.spec import default_tasks_dir
 from podium.v1 import session_service_pb2 as ss
+from podium_app.commands.demo import run_demo
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 async def test_demo_runs_the_whole_flow() -> None:

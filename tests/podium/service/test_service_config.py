@@ -18,7 +18,7 @@ from podium.config import HealthConfig, ServiceConfig, env, env_var, from_env, p
 from podium.errors import ConfigError
 from subagent_svc.config import SubagentConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 KAFKA = {"PODIUM_BUS": "kafka://127.0.0.1:9092"}
 

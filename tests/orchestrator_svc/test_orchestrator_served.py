@@ -28,8 +28,6 @@ from podium.bus.consumer import EventPublisher
 from podium.envs.swarm import EnvConfig, SwarmEnv, TaskSpec, default_pool
 from podium.envs.swarm.generator import generate_suite
 from podium.envs.swarm.trajectory import task_to_proto
-from podium.serving.backends import LocalPolicy, ServedPolicy
-from podium.serving.contract import PolicyInputs
 from podium.policy.agent import SwarmAgent
 from podium.policy.decisions import episode_from_trajectory
 from podium.policy.swarm import (
@@ -39,6 +37,8 @@ from podium.policy.swarm import (
     serving_signature,
     swarm_policy_updated,
 )
+from podium.serving.backends import LocalPolicy, ServedPolicy
+from podium.serving.contract import PolicyInputs
 from podium.v1 import reward_pb2, task_pb2, trajectory_pb2
 from podium.v1 import session_service_pb2 as ss
 from podium.v1 import session_service_pb2_grpc as ss_grpc
