@@ -19,14 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from datetime import UTC
 
-from podium import codec
 from podium.bus import Bus, Output, Record, TransactionFencedError, Transformer
 from podium.errors import BusError
-from podium.rewards import RewardConfig, progress_from_policy_version, score
-from podium.rewards.events import scored_event_id
-from podium.v1 import envelope_pb2, trajectory_pb2
+from podium.rewards import RewardConfig
+from podium.rewards.events import score_envelope
+from podium.v1 import envelope_pb2
 from reward_svc.config import SERVICE, RewardServiceConfig
 
 _log = logging.getLogger(SERVICE)
@@ -39,33 +37,16 @@ def score_trajectory(
     out_topic: str,
     fixed_progress: float | None = None,
 ) -> Output:
-    """The scored trajectory of one trajectory event.
-
-    Progress is ``fixed_progress`` if given, else derived from the acting policy's version,
-    so live scoring and a later re-score agree. Raises :class:`~podium.errors.DecodeError`
-    for an event that is not a Trajectory and
-    :class:`~podium.rewards.InvalidTrajectoryError` for one that cannot be scored: both are
-    not retriable, so the record is dead-lettered.
-    """
-    traj = codec.unpack_as(envelope, trajectory_pb2.Trajectory)
-    progress = (
-        fixed_progress
-        if fixed_progress is not None
-        else progress_from_policy_version(traj.policy_version, reward.progress_per_policy_version)
-    )
-    breakdown = score(traj, reward, progress)
-    event_id = scored_event_id(envelope.event_id, breakdown.reward_version)
+    """The scored trajectory of one trajectory event (:func:`score_envelope`) as an output of
+    the transaction."""
+    scored = score_envelope(envelope, reward, fixed_progress=fixed_progress)
     return Output(
         out_topic,
-        breakdown.to_proto(traj),
-        key=traj.session_id or traj.trajectory_id or envelope.key,
-        event_id=event_id,
-        idempotency_key=event_id,
-        occurred_at=(
-            envelope.occurred_at.ToDatetime(tzinfo=UTC)
-            if envelope.HasField("occurred_at")
-            else None
-        ),
+        scored.message,
+        key=scored.key,
+        event_id=scored.event_id,
+        idempotency_key=scored.event_id,
+        occurred_at=scored.occurred_at,
     )
 
 
