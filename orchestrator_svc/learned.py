@@ -47,6 +47,7 @@ from numpy.typing import NDArray
 
 from orchestrator_svc.policy import TrainingRecord
 from podium.envs.swarm import EnvConfig, PolicyStep, Rng, SchedulingPolicy, SwarmEnv, baselines
+from podium.envs.swarm.trajectory import ACTIONS_LABEL, ARGMAX, SAMPLED
 from podium.errors import ArtifactError, ProcessingError
 from podium.policy.agent import ActResult, SwarmAgent, guard_mask
 from podium.policy.artifacts import LoadedWeights, load_weights, path_from_uri
@@ -153,7 +154,7 @@ class SessionLearnedPolicy:
             return TrainingRecord(self._trajectory_version())
         return TrainingRecord(
             self._trajectory_version(),
-            labels={"actions": "sampled" if self.sample else "argmax"},
+            labels={ACTIONS_LABEL: SAMPLED if self.sample else ARGMAX},
             data=recorder.decision_data(rewards),
         )
 

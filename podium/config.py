@@ -238,7 +238,10 @@ def parse_bus_url(raw: str) -> str:
             f"{parts.scheme}:// only works when all services share one process (podium demo/train); "
             "a standalone service needs a broker, e.g. kafka://127.0.0.1:9092"
         )
-    if parts.scheme != "kafka":
+    from podium.bus import is_kafka_url  # lazy: config must not pull in aiokafka early
+    from podium.bus.kafka import KafkaConfig
+
+    if not is_kafka_url(url):
         raise ValueError("expected kafka://HOST:PORT[,HOST:PORT...]")
     hosts = [h for h in parts.netloc.split(",") if h]
     if not hosts:
@@ -247,8 +250,6 @@ def parse_bus_url(raw: str) -> str:
         host, sep, p = hostport.rpartition(":")
         if not sep or not host or not p.isdigit() or not 0 < int(p) < 65536:
             raise ValueError(f"broker address {hostport!r} is not HOST:PORT")
-    from podium.bus.kafka import KafkaConfig  # lazy: config must not pull in aiokafka early
-
     KafkaConfig.from_url(url)  # checks ?option=value settings (raises ConfigError)
     return url
 

@@ -36,6 +36,7 @@ from podium.envs.swarm.actions import ActionCodec
 from podium.envs.swarm.observation import ObservationLayout, subtask_present
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.spec import load_pool
+from podium.envs.swarm.trajectory import ACTIONS_LABEL, SAMPLED
 from podium.errors import ArtifactError, ConfigError, SpecError
 from podium.policy.agent import SwarmAgent
 from podium.policy.decisions import Episode, episode_from_trajectory
@@ -384,13 +385,10 @@ def ppo_update(
 
 # -- the algorithm the learning loop drives ------------------------------------------------------
 
-SAMPLED = "sampled"
-"""Value of the trajectory label ``actions`` for sessions that sampled their actions."""
-
 
 def is_on_policy_sample(traj_labels: dict[str, str], policy_version: str) -> bool:
     """Whether a trajectory was sampled by a learned version (so PPO may train on it)."""
-    return traj_labels.get("actions") == SAMPLED and policy_version.isdigit()
+    return traj_labels.get(ACTIONS_LABEL) == SAMPLED and policy_version.isdigit()
 
 
 def swarm_layout(pool: PoolSpec, max_subtasks: int) -> ObservationLayout:

@@ -17,7 +17,7 @@ import torch
 from numpy.typing import NDArray
 
 from podium.envs.swarm import RuleEngine, SwarmEnv, TaskSpec, make_policy
-from podium.envs.swarm.trajectory import episode_trajectory
+from podium.envs.swarm.trajectory import ACTIONS_LABEL, ARGMAX, SAMPLED, episode_trajectory
 from podium.policy.agent import SwarmAgent, guard_mask
 from podium.policy.decisions import Episode, EpisodeRecorder, decision_data
 from podium.v1 import trajectory_pb2
@@ -29,6 +29,8 @@ class Job:
 
     task: TaskSpec
     seed: int
+    baseline: trajectory_pb2.RolloutBaseline | None = None
+    """A reference policy's return on this (task, seed), recorded in its trajectory."""
 
 
 @dataclass(slots=True)
@@ -121,6 +123,13 @@ class _LockStep:
         return terminated, truncated, info
 
 
+def _labels(job: Job, rule: str | None, greedy: bool) -> dict[str, str]:
+    labels = {"policy": rule or "learned", "seed": str(job.seed)}
+    if rule is None:
+        labels[ACTIONS_LABEL] = ARGMAX if greedy else SAMPLED
+    return labels
+
+
 def run_episodes(
     envs: Sequence[SwarmEnv],
     jobs: Sequence[Job],
@@ -179,8 +188,9 @@ def run_episodes(
                 trajs[live.job] = episode_trajectory(
                     envs[e],
                     policy_version=str(policy_version),
-                    labels={"policy": rule or "learned", "seed": str(jobs[live.job].seed)},
+                    labels=_labels(jobs[live.job], rule, greedy),
                     data=decision_data(ep),
+                    baseline=jobs[live.job].baseline,
                 )
             if on_episode is not None:
                 on_episode(ep)

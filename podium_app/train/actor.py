@@ -13,12 +13,12 @@ and hot-swaps to each version after verifying it, exactly as orchestrator_svc do
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from learner_svc.algorithms.swarm import SAMPLED
 from podium import topics
 from podium.bus import Bus, EventConsumer, EventPublisher, Record
 from podium.codec import unpack_as
@@ -70,19 +70,22 @@ class Actor:
     def sample(
         self, jobs: list[Job], baseline_rule: str | None
     ) -> tuple[list[Episode], list[trajectory_pb2.Trajectory]]:
-        """Training sessions: sampled actions, each trajectory labelled as an on-policy sample
-        and carrying ``baseline_rule``'s return on the same (task, seed) when one is given."""
-        _, eps, trajs = self.run(jobs, with_trajectories=True)
-        baselines: list[Episode] = []
+        """Training sessions (sampled actions), each trajectory carrying ``baseline_rule``'s
+        return on the same (task, seed) when one is given."""
         if baseline_rule:
-            baselines, _ = run_episodes(self.envs, jobs, rule=baseline_rule)
-        for i, traj in enumerate(trajs):
-            traj.labels["actions"] = SAMPLED
-            if baselines:
-                # Its whole environment return: −latency/bound and, for a session it could not
-                # complete, the same incompletion penalty the policy's session pays there.
-                traj.baseline.policy = baseline_rule or ""
-                traj.baseline.env_return = float(np.sum(baselines[i].rewards))
+            reference, _ = run_episodes(self.envs, jobs, rule=baseline_rule)
+            jobs = [
+                replace(
+                    job,
+                    # Its whole environment return: −latency/bound and, for a session it could
+                    # not complete, the same incompletion penalty the policy's session pays.
+                    baseline=trajectory_pb2.RolloutBaseline(
+                        policy=baseline_rule, env_return=float(np.sum(ref.rewards))
+                    ),
+                )
+                for job, ref in zip(jobs, reference, strict=True)
+            ]
+        _, eps, trajs = self.run(jobs, with_trajectories=True)
         return eps, trajs
 
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from learner_svc.algorithms.swarm import SAMPLED, swarm_layout
+from learner_svc.algorithms.swarm import swarm_layout
 from learner_svc.checkpoint import load_checkpoint
 from podium import codec, topics
 from podium.bus import KafkaBus, KafkaConfig
@@ -29,6 +29,7 @@ from podium.bus.base import TopicSpec
 from podium.bus.consumer import EventPublisher
 from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool
 from podium.envs.swarm.generator import generate_suite
+from podium.envs.swarm.trajectory import SAMPLED
 from podium.policy.agent import SwarmAgent
 from podium.policy.artifacts import load_weights, path_from_uri
 from podium.policy.rollout import Job, run_episodes

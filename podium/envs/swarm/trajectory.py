@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 
 ENV_NAME = "swarm"
 """``Trajectory.env`` of swarm sessions."""
+ACTIONS_LABEL = "actions"
+"""Trajectory label saying how a learned policy chose its actions: :data:`SAMPLED` (an
+on-policy sample PPO may train on) or :data:`ARGMAX`."""
+SAMPLED = "sampled"
+ARGMAX = "argmax"
 
 _ACTION_TYPE = {
     START: trajectory_pb2.ACTION_TYPE_START,
