@@ -107,6 +107,10 @@ class LoopSettings:
     """η: trajectories of a version more than this many versions old are dropped."""
     tensorboard_dir: str = env("PODIUM_LEARNER_TB", default="")
     """TensorBoard log directory; empty = none."""
+    in_topic: str = env("PODIUM_LEARNER_IN_TOPIC", default=topics.SCORED_TRAJECTORIES)
+    """Scored trajectories to learn from."""
+    policy_topic: str = env("PODIUM_LEARNER_POLICY_TOPIC", default=topics.POLICY_UPDATES)
+    """Where new versions are announced."""
 
     def __post_init__(self) -> None:
         if not self.checkpoint_dir:
@@ -116,6 +120,8 @@ class LoopSettings:
         """The :class:`LoopConfig` these settings and the service's shared ones give."""
         return LoopConfig(
             checkpoint_dir=Path(self.checkpoint_dir),
+            topic=self.in_topic,
+            policy_topic=self.policy_topic,
             group_id=service.group_id,
             client_id=client_id,
             batch_trajectories=self.batch_trajectories,

@@ -50,6 +50,7 @@ from podium import codec
 from podium.bus.base import Bus, Record, Subscriber
 from podium.bus.consumer import EventPublisher, publish_dead_letter
 from podium.errors import DecodeError, ProcessingError
+from podium.service import ServiceShell
 from podium.v1 import reward_pb2
 
 _log = logging.getLogger(__name__)
@@ -84,7 +85,23 @@ class LearningLoop(Generic[SampleT]):
         self._handled: list[Record] = []
         """Records accounted for since the last commit."""
         self._idle_since = time.monotonic()
+        self._stopping = asyncio.Event()
         self._restore()
+
+    @property
+    def group_id(self) -> str:
+        """The learner's consumer group."""
+        return self.config.group_id
+
+    async def start(self) -> None:
+        """Nothing to do before :meth:`run`: it joins the group itself (a
+        :class:`~podium.service.Worker` of the service shell)."""
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask :meth:`run` to end after the update in hand (the shell waits for it, up to its
+        deadline); an incomplete batch is not committed, so it is redelivered."""
+        del timeout_s  # the shell bounds the wait on the run task
+        self._stopping.set()
 
     def _restore(self) -> None:
         ckpt = load_checkpoint(self.config.checkpoint_dir)
@@ -117,13 +134,14 @@ class LearningLoop(Generic[SampleT]):
         change counters and offsets that no checkpoint records.
         """
         cfg = self.config
+        stop = stop or self._stopping
         sub = self.bus.subscriber([cfg.topic], cfg.group_id, client_id=cfg.client_id)
         await sub.start()
         try:
             # A crash may have left the current version unannounced; orchestrators that start
             # later, or missed it, catch up.
             await self._publish_version({})
-            while not (stop is not None and stop.is_set()) and not self._reached(until_trained):
+            while not stop.is_set() and not self._reached(until_trained):
                 await self._consume_once(sub, until_trained)
             return self.state
         finally:
@@ -266,29 +284,26 @@ class LearningLoop(Generic[SampleT]):
 
 
 class LoopApp:
-    """``python -m learner_svc`` in a training mode: a :class:`LearningLoop` as a service app."""
+    """``python -m learner_svc`` in a training mode: a :class:`LearningLoop` in the service
+    shell."""
 
     name = "learner_svc"
 
     def __init__(self, loop: LearningLoop[Any], *, shutdown_timeout_s: float = 30.0) -> None:
         self.loop = loop
-        self.shutdown_timeout_s = shutdown_timeout_s
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[LearnerState] | None = None
+        self.shell = ServiceShell(self.name, shutdown_timeout_s=shutdown_timeout_s)
+        self.shell.add(loop)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self.loop.run(stop=self._stop), name="learner_svc.loop")
+        await self.shell.start()
 
     async def stop(self) -> None:
         """Finish the update in hand (if any), leave the group; an incomplete batch is not
         committed, so it is redelivered to the next learner."""
-        self._stop.set()
-        if self._task is not None:
-            await asyncio.wait({self._task}, timeout=self.shutdown_timeout_s)
+        await self.shell.stop()
 
     async def wait(self) -> None:
-        if self._task is not None:
-            await self._task
+        await self.shell.wait()
 
 
 __all__ = ["LearningLoop", "LoopApp", "LoopConfig"]

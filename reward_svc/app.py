@@ -24,6 +24,7 @@ from podium.bus import Bus, Output, Record, TransactionFencedError, Transformer
 from podium.errors import BusError
 from podium.rewards import RewardConfig
 from podium.rewards.events import score_envelope
+from podium.service import ServiceShell
 from podium.v1 import envelope_pb2
 from reward_svc.config import SERVICE, RewardServiceConfig
 
@@ -59,20 +60,22 @@ class RewardApp:
         self.config = config
         self.reward = reward
         self.bus = bus
-        self.transformer = Transformer(
-            bus,
-            [config.in_topic],
-            config.group_id,
-            self._score,
-            transactional_id=config.transactional_id,
-            producer_name=config.producer_name,
-            output_topics=[config.out_topic],
-            max_batch=config.max_batch,
-            poll_timeout_s=config.poll_timeout_ms / 1000,
-            partitions=config.topic_partitions,
+        self.shell = ServiceShell(SERVICE, shutdown_timeout_s=config.shutdown_timeout_s)
+        self.transformer = self.shell.add(
+            Transformer(
+                bus,
+                [config.in_topic],
+                config.group_id,
+                self._score,
+                transactional_id=config.transactional_id,
+                producer_name=config.producer_name,
+                output_topics=[config.out_topic],
+                max_batch=config.max_batch,
+                poll_timeout_s=config.poll_timeout_ms / 1000,
+                partitions=config.topic_partitions,
+            )
         )
         """The consume-score-produce loop (its ``stats`` say what was committed)."""
-        self._task: asyncio.Task[None] | None = None
 
     async def _score(self, envelope: envelope_pb2.Envelope, record: Record) -> Sequence[Output]:
         del record  # everything needed is in the envelope
@@ -90,7 +93,7 @@ class RewardApp:
 
     async def start(self) -> None:
         """Create the topics, claim the transactional id, join the group, start the loop."""
-        await self.transformer.start()
+        await self.shell.start()
         _log.info(
             "%s: consuming %s as %s (transactional id %s), reward %s",
             SERVICE,
@@ -99,12 +102,17 @@ class RewardApp:
             self.config.transactional_id,
             self.reward.version,
         )
-        self._task = asyncio.create_task(self._run(), name=f"{SERVICE}.transformer")
 
-    async def _run(self) -> None:
-        """The loop; being fenced is reported as the deployment error it is."""
+    async def stop(self) -> None:
+        """Stop consuming; let the batch in hand commit, up to ``shutdown_timeout_s``."""
+        await self.shell.stop()
+        _log.info("%s: stopped (%s)", SERVICE, self.transformer.stats)
+
+    async def wait(self) -> None:
+        """Return when the loop ends by itself; raise if it failed. Being fenced is reported
+        as the deployment error it is."""
         try:
-            await self.transformer.run()
+            await self.shell.wait()
         except TransactionFencedError as exc:
             # Two live replicas share PODIUM_REWARD_TRANSACTIONAL_ID: a deployment error that
             # must be visible (non-zero exit), not a quiet stop.
@@ -114,13 +122,3 @@ class RewardApp:
                 "unique per replica)",
                 retriable=False,
             ) from exc
-        _log.info("%s: stopped (%s)", SERVICE, self.transformer.stats)
-
-    async def stop(self) -> None:
-        """Stop consuming; let the batch in hand commit, up to ``shutdown_timeout_s``."""
-        await self.transformer.stop(timeout_s=self.config.shutdown_timeout_s)
-
-    async def wait(self) -> None:
-        """Return when the loop ends by itself; raise if it failed."""
-        if self._task is not None:
-            await self._task

@@ -11,7 +11,7 @@ Every name is importable from ``podium.service`` itself.
 """
 
 from podium.service.health import HealthServer, health_status
-from podium.service.shell import Deadline, ServiceShell
+from podium.service.shell import Deadline, ServiceShell, Worker
 from podium.service.standalone import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -35,6 +35,7 @@ __all__ = [
     "Deadline",
     "HealthServer",
     "ServiceShell",
+    "Worker",
     "default_instance_name",
     "health_port_of",
     "health_status",

@@ -1,6 +1,7 @@
-"""The consumer side of a service, written once: consumers run as tasks, one graceful stop.
+"""The running side of a service, written once: workers run as tasks, one graceful stop.
 
-Every service app consumes one or more topics with :class:`~podium.bus.consumer.EventConsumer`.
+Every service app consumes one or more topics with :class:`~podium.bus.consumer.EventConsumer`
+(or a :class:`~podium.bus.Transformer`, or a learning loop: any :class:`Worker`).
 What used to be copied into each app — start the consumers in order, run each in a task, stop
 them within the shutdown timeout, surface a crashed consumer from ``wait()`` — lives in
 :class:`ServiceShell`; an app builds its consumers, hands them to the shell and delegates its
@@ -16,8 +17,8 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
-from podium.bus.consumer import EventConsumer
 from podium.errors import ConfigError
 
 _log = logging.getLogger(__name__)
@@ -25,6 +26,26 @@ _log = logging.getLogger(__name__)
 COMMIT_FLOOR_S = 1.0
 """Least time a consumer is given to commit the batch in hand, even past the deadline: a stop
 that has run out of time still lets a finished batch be committed rather than redelivered."""
+
+
+class Worker(Protocol):
+    """What a service runs in a task: an :class:`~podium.bus.EventConsumer`, a
+    :class:`~podium.bus.Transformer`, a learning loop. ``stop`` asks it to finish the batch in
+    hand within ``timeout_s`` and end ``run``."""
+
+    @property
+    def group_id(self) -> str:
+        """Its consumer group (names its task)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def run(self) -> object: ...
+
+    async def stop(self, timeout_s: float = 30.0) -> None: ...
+
+
+W = TypeVar("W", bound=Worker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +84,12 @@ class ServiceShell:
             raise ConfigError(f"{name}: shutdown_timeout_s must be > 0, got {shutdown_timeout_s}")
         self.name = name
         self.shutdown_timeout_s = shutdown_timeout_s
-        self.consumers: list[EventConsumer] = []
+        self.consumers: list[Worker] = []
         """Every consumer added, in start order."""
-        self._tasks: dict[EventConsumer, asyncio.Task[None]] = {}
-        self._stopped: set[EventConsumer] = set()
+        self._tasks: dict[Worker, asyncio.Task[object]] = {}
+        self._stopped: set[Worker] = set()
 
-    def add(self, consumer: EventConsumer) -> EventConsumer:
+    def add(self, consumer: W) -> W:
         """Register ``consumer`` (started in the order added); returns it for assignment."""
         if self._tasks:
             raise ConfigError(f"{self.name}: consumers must be added before start()")
@@ -76,7 +97,7 @@ class ServiceShell:
         return consumer
 
     @property
-    def tasks(self) -> list[asyncio.Task[None]]:
+    def tasks(self) -> list[asyncio.Task[object]]:
         """The running (or finished) ``consumer.run()`` tasks, in start order."""
         return list(self._tasks.values())
 
@@ -96,7 +117,7 @@ class ServiceShell:
                 consumer.run(), name=f"{self.name}.{consumer.group_id}"
             )
 
-    async def stop(self, *consumers: EventConsumer, deadline: Deadline | None = None) -> None:
+    async def stop(self, *consumers: Worker, deadline: Deadline | None = None) -> None:
         """Stop ``consumers`` (default: every one not stopped yet) together, gracefully.
 
         Each stops fetching, finishes and commits the batch in hand and leaves its group, by

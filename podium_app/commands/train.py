@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -105,6 +106,12 @@ def config_from_args(args: argparse.Namespace) -> object:
     return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM stops the run like Ctrl-C does: the job's ``finally`` stops the service
+    processes it started (they would otherwise outlive it)."""
+    raise KeyboardInterrupt
+
+
 def set_aside_previous_run(run_dir: Path) -> Path | None:
     """Move a non-empty ``run_dir`` to ``<run_dir>.<its modification time>`` and return the new
     path (None if there was nothing to move).
@@ -181,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
                 )
 
         try:
+            signal.signal(signal.SIGTERM, _interrupt)
             result = asyncio.run(train(cfg, progress))
         except PodiumError as exc:
             console.print(f"[red]error:[/red] {exc}")

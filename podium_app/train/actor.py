@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from podium import topics
 from podium.bus import Bus, EventConsumer, EventPublisher, Record
 from podium.codec import unpack_as
 from podium.envs.swarm import SwarmEnv
@@ -92,14 +91,14 @@ class Actor:
 class VersionFollower:
     """The actor's subscription to ``PolicyUpdated``: verify, hot-swap, tell the driver."""
 
-    def __init__(self, actor: Actor, bus: Bus, tag: str, artifacts: Path) -> None:
+    def __init__(self, actor: Actor, bus: Bus, tag: str, artifacts: Path, topic: str) -> None:
         self.actor = actor
         self.artifacts_uri = artifacts.resolve().as_uri() + "/"
         self.loaded: asyncio.Queue[reward_pb2.PolicyUpdated] = asyncio.Queue()
         self.group_id = f"podium-train.actor.{tag}"
         self.consumer = EventConsumer(
             bus,
-            [topics.POLICY_UPDATES],
+            [topic],
             self.group_id,
             self._on_policy,
             producer_name=f"podium-train/actor/{tag}",
@@ -125,11 +124,11 @@ class VersionFollower:
 
 
 async def publish_trajectories(
-    publisher: EventPublisher, trajs: list[trajectory_pb2.Trajectory]
+    publisher: EventPublisher, topic: str, trajs: list[trajectory_pb2.Trajectory]
 ) -> None:
     """One ``Trajectory`` event per session, keyed by session (the orchestrator's contract)."""
     for traj in trajs:
-        await publisher.publish(topics.TRAJECTORIES, traj, key=traj.session_id)
+        await publisher.publish(topic, traj, key=traj.session_id)
 
 
 __all__ = ["Actor", "VersionFollower", "publish_trajectories"]

@@ -44,7 +44,6 @@ import numpy as np
 import torch
 
 from learner_svc.algorithms.swarm import behaviour_cloning
-from podium import topics
 from podium.bus import Bus, EventPublisher, connect, is_kafka_url
 from podium.envs.swarm import EnvConfig, PoolSpec, SwarmEnv, TaskSpec, default_pool
 from podium.envs.swarm.generator import GENERALIST_ONLY_KINDS, generate_suite, held_out_split
@@ -225,7 +224,7 @@ async def _iteration(run: _Run, it: int, version: int) -> int:
     """One PPO iteration through the services; returns the new version."""
     stage, jobs = _jobs_for(run, it)
     eps, trajs = run.actor.sample(jobs, run.config.rollout_baseline)
-    await publish_trajectories(run.publisher, trajs)
+    await publish_trajectories(run.publisher, run.services.topics.trajectories, trajs)
     event = await run.guarded(
         run.follower.wait_version(version + 1, None), f"policy version {version + 1}"
     )
@@ -324,7 +323,9 @@ def _new_run(config: TrainConfig, bus: Bus, say: Progress) -> _Run:
         envs=envs,
         actor=actor,
         services=services,
-        follower=VersionFollower(actor, bus, tag, config.run_dir / "checkpoints"),
+        follower=VersionFollower(
+            actor, bus, tag, config.run_dir / "checkpoints", services.topics.policy
+        ),
         publisher=EventPublisher(bus, producer_name=f"podium-train/{tag}"),
         writer=SummaryWriter(str(config.run_dir / "tb")),
         say=say,
@@ -347,7 +348,7 @@ async def train(config: TrainConfig, progress: Progress | None = None) -> TrainR
         init, bc_history, before = _cold_start(run)
         follower = run.follower
         await run.services.start(
-            bus, init, run.tasks.max_size, {follower.group_id: [topics.POLICY_UPDATES]}
+            bus, init, run.tasks.max_size, {follower.group_id: [run.services.topics.policy]}
         )
         await follower.consumer.start()
         following = asyncio.create_task(follower.consumer.run(), name="actor-policy-updates")

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,13 +35,37 @@ from reward_svc.app import RewardApp
 from reward_svc.config import RewardServiceConfig
 
 
+@dataclass(frozen=True, slots=True)
+class RunTopics:
+    """The topics a run's events travel on."""
+
+    trajectories: str = topics.TRAJECTORIES
+    """Sessions of the actor, scored by reward_svc."""
+    scored: str = topics.SCORED_TRAJECTORIES
+    """Scored sessions, learned from by learner_svc."""
+    policy: str = topics.POLICY_UPDATES
+    """Versions announced by learner_svc, followed by the actor."""
+
+    @classmethod
+    def private(cls, tag: str) -> RunTopics:
+        """Topics of this run alone: on a shared broker, another run's (or a live
+        deployment's) sessions must not reach this run's learner, nor its sessions theirs."""
+        return cls(
+            trajectories=f"{topics.TRAJECTORIES}.{tag}",
+            scored=f"{topics.SCORED_TRAJECTORIES}.{tag}",
+            policy=f"{topics.POLICY_UPDATES}.{tag}",
+        )
+
+
 def learner_settings(
-    config: TrainConfig, init: Path, max_subtasks: int
+    config: TrainConfig, init: Path, max_subtasks: int, run_topics: RunTopics
 ) -> tuple[LoopSettings, SwarmSettings]:
     """The learner's loop and algorithm settings for a run (one PPO iteration per update)."""
     run = config.run_dir.resolve()
     loop = LoopSettings(
         checkpoint_dir=str(run / "learner"),
+        in_topic=run_topics.scored,
+        policy_topic=run_topics.policy,
         batch_trajectories=config.episodes_per_iteration,
         max_policy_lag=config.max_policy_lag,
         tensorboard_dir=str(run / "tb"),
@@ -77,6 +102,9 @@ def settings_env(settings: Any) -> dict[str, str]:
 class Deployment(Protocol):
     """The learning services of one run."""
 
+    topics: RunTopics
+    """The topics they consume and produce."""
+
     async def start(
         self, bus: Bus, init: Path, max_subtasks: int, driver_groups: dict[str, list[str]]
     ) -> None:
@@ -99,6 +127,7 @@ class EmbeddedServices:
     def __init__(self, config: TrainConfig, tag: str) -> None:
         self.config = config
         self.tag = tag
+        self.topics = RunTopics()  # a fresh in-process bus holds no one else's events
         self._reward: RewardApp | None = None
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._stop = asyncio.Event()
@@ -107,11 +136,16 @@ class EmbeddedServices:
         self, bus: Bus, init: Path, max_subtasks: int, driver_groups: dict[str, list[str]]
     ) -> None:
         del driver_groups  # a fresh in-process bus holds no other run's events
-        reward_cfg = RewardServiceConfig(bus_url="inproc://", instance=f"{self.tag}-reward")
+        reward_cfg = RewardServiceConfig(
+            bus_url="inproc://",
+            instance=f"{self.tag}-reward",
+            in_topic=self.topics.trajectories,
+            out_topic=self.topics.scored,
+        )
         self._reward = RewardApp(reward_cfg, rewards.default_config(), bus)
         await self._reward.start()
         self._tasks["reward_svc"] = asyncio.create_task(self._reward.wait(), name="reward_svc")
-        loop_settings, settings = learner_settings(self.config, init, max_subtasks)
+        loop_settings, settings = learner_settings(self.config, init, max_subtasks, self.topics)
         algorithm = SwarmPPO.from_settings(settings)
         service = LearnerConfig(bus_url="inproc://", group_id=f"{self.tag}.learner")
         loop = LearningLoop(
@@ -151,13 +185,14 @@ class ProcessServices:
         self.config = config
         self.tag = tag
         self.processes = ServiceProcesses(config.run_dir / "logs", config.stop_timeout_s)
+        self.topics = RunTopics.private(tag)
 
     def groups(self) -> dict[str, list[str]]:
         """The services' consumer groups and their topics (positioned at the topics' ends
         before the processes start, so neither replays another run's events)."""
         return {
-            f"{self.tag}.reward": [topics.TRAJECTORIES],
-            f"{self.tag}.learner": [topics.SCORED_TRAJECTORIES],
+            f"{self.tag}.reward": [self.topics.trajectories],
+            f"{self.tag}.learner": [self.topics.scored],
         }
 
     def environments(self, init: Path, max_subtasks: int) -> dict[str, dict[str, str]]:
@@ -167,9 +202,11 @@ class ProcessServices:
             p for p in (str(SERVICES_ROOT), os.environ.get("PYTHONPATH", "")) if p
         )
         base["PODIUM_BUS"] = self.config.bus
-        loop_settings, settings = learner_settings(self.config, init, max_subtasks)
+        loop_settings, settings = learner_settings(self.config, init, max_subtasks, self.topics)
         reward = {
             "PODIUM_REWARD_GROUP": f"{self.tag}.reward",
+            "PODIUM_REWARD_IN_TOPIC": self.topics.trajectories,
+            "PODIUM_REWARD_OUT_TOPIC": self.topics.scored,
             "PODIUM_REWARD_TRANSACTIONAL_ID": f"{self.tag}-reward-0",
             "PODIUM_INSTANCE": f"{self.tag}-reward",
         }
@@ -191,7 +228,8 @@ class ProcessServices:
         if not isinstance(bus, KafkaBus):
             raise PodiumError("service processes need a Kafka bus")
         partitions = bus.config.default_partitions
-        await bus.create_topics([TopicSpec(t, partitions) for t in topics.ALL])
+        own = (self.topics.trajectories, self.topics.scored, self.topics.policy)
+        await bus.create_topics([TopicSpec(t, partitions) for t in own])
         await bus.position_groups_at_end({**self.groups(), **driver_groups})
         for name, env in self.environments(init, max_subtasks).items():
             await self.processes.start(name, self.config.python, name, env)
@@ -207,6 +245,7 @@ __all__ = [
     "Deployment",
     "EmbeddedServices",
     "ProcessServices",
+    "RunTopics",
     "learner_settings",
     "settings_env",
 ]

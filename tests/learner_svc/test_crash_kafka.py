@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from learner_svc.algorithms.swarm import swarm_layout
 from learner_svc.checkpoint import load_checkpoint
-from podium import codec, topics
+from podium import codec
 from podium.bus import KafkaBus, KafkaConfig
 from podium.bus.base import TopicSpec
 from podium.bus.consumer import EventPublisher
@@ -49,7 +49,10 @@ MAX_SUBTASKS = 16
 def _learner(
     bootstrap: str, group: str, tmp: Path, init: Path, until_trained: int, *kill: str
 ) -> subprocess.CompletedProcess[str]:
+    run = group.removeprefix("crash-learner-")
     env = os.environ | {
+        "PODIUM_LEARNER_IN_TOPIC": f"test.scored.{run}",
+        "PODIUM_LEARNER_POLICY_TOPIC": f"test.policy.{run}",
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]),
         "PODIUM_BUS": f"kafka://{bootstrap}?session_timeout_ms=6000&heartbeat_interval_ms=250",
         "PODIUM_LEARNER_MODE": "swarm",
@@ -65,12 +68,12 @@ def _learner(
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 
 
-async def _committed(bootstrap: str, group: str) -> dict[int, int]:
+async def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     """The group's committed offset on each partition of the scored topic."""
     bus = KafkaBus(KafkaConfig(bootstrap, client_id="test-admin"))
     await bus.start()
     try:
-        partitions = await bus.partitions(topics.SCORED_TRAJECTORIES)
+        partitions = await bus.partitions(topic)
     finally:
         await bus.stop()
     consumer = AIOKafkaConsumer(
@@ -80,16 +83,18 @@ async def _committed(bootstrap: str, group: str) -> dict[int, int]:
     try:
         out = {}
         for p in partitions:
-            out[p] = await consumer.committed(TopicPartition(topics.SCORED_TRAJECTORIES, p)) or 0
+            out[p] = await consumer.committed(TopicPartition(topic, p)) or 0
         return out
     finally:
         await consumer.stop()
 
 
-async def _own_policy_events(bootstrap: str, artifacts: Path) -> list[reward_pb2.PolicyUpdated]:
-    """This run's announcements (the topic is shared with other tests)."""
+async def _own_policy_events(
+    bootstrap: str, topic: str, artifacts: Path
+) -> list[reward_pb2.PolicyUpdated]:
+    """This run's announcements."""
     consumer = AIOKafkaConsumer(
-        topics.POLICY_UPDATES,
+        topic,
         bootstrap_servers=bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
@@ -130,7 +135,9 @@ def _scored(agent: SwarmAgent, ids: list[str], seed0: int) -> list[reward_pb2.Sc
     return out
 
 
-async def _publish(bootstrap: str, scored: list[reward_pb2.ScoredTrajectory]) -> set[int]:
+async def _publish(
+    bootstrap: str, topic: str, scored: list[reward_pb2.ScoredTrajectory]
+) -> set[int]:
     """Publish; the partitions the records landed on."""
     bus = KafkaBus(KafkaConfig(bootstrap, client_id="test-producer"))
     await bus.start()
@@ -138,7 +145,7 @@ async def _publish(bootstrap: str, scored: list[reward_pb2.ScoredTrajectory]) ->
         pub = EventPublisher(bus, producer_name="test-reward")
         landed = set()
         for s in scored:
-            meta = await pub.publish(topics.SCORED_TRAJECTORIES, s, key=s.trajectory.session_id)
+            meta = await pub.publish(topic, s, key=s.trajectory.session_id)
             landed.add(meta.metadata.partition)
         return landed
     finally:
@@ -150,12 +157,13 @@ async def test_swarm_learner_killed_between_checkpoint_and_commit(
 ) -> None:
     run = uuid.uuid4().hex[:8]
     group = f"crash-learner-{run}"
+    scored_topic, policy_topic = f"test.scored.{run}", f"test.policy.{run}"
     bus = KafkaBus(KafkaConfig(kafka_bootstrap, client_id="test-admin"))
     await bus.start()
     try:
-        await bus.create_topics([TopicSpec(t, partitions=3) for t in topics.ALL])
-        # The scored topic is shared with other tests: the learner starts at its end.
-        await bus.position_groups_at_end({group: [topics.SCORED_TRAJECTORIES]})
+        await bus.create_topics(
+            [TopicSpec(scored_topic, partitions=3), TopicSpec(policy_topic, partitions=1)]
+        )
     finally:
         await bus.stop()
     layout = swarm_layout(default_pool(), MAX_SUBTASKS)
@@ -163,7 +171,7 @@ async def test_swarm_learner_killed_between_checkpoint_and_commit(
     agent = SwarmAgent(layout)
     init = save_policy(agent.net, tmp_path / "init", 0, tuple(layout.agents)).path
     ids = [f"traj-{run}-{k:03d}" for k in range(N_TRAJECTORIES)]
-    await _publish(kafka_bootstrap, _scored(agent, ids, 0))
+    await _publish(kafka_bootstrap, scored_topic, _scored(agent, ids, 0))
 
     # Run 1: SIGKILL right after the 3rd checkpoint is on disk, before its offsets are committed.
     killed = await asyncio.to_thread(
@@ -172,8 +180,8 @@ async def test_swarm_learner_killed_between_checkpoint_and_commit(
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     ckpt = load_checkpoint(tmp_path / "ckpt")
     assert ckpt is not None and ckpt.state.trained == 3 * BATCH
-    in_checkpoint = ckpt.state.offsets[topics.SCORED_TRAJECTORIES]
-    committed = await _committed(kafka_bootstrap, group)
+    in_checkpoint = ckpt.state.offsets[scored_topic]
+    committed = await _committed(kafka_bootstrap, group, scored_topic)
     # Killed in the gap: records in the checkpoint that the group never committed.
     gap = sum(max(o - committed[p], 0) for p, o in in_checkpoint.items())
     assert gap > 0, (committed, in_checkpoint)
@@ -183,7 +191,7 @@ async def test_swarm_learner_killed_between_checkpoint_and_commit(
     fresh: set[int] = set()
     while len(fresh) < 3:
         more = [f"traj-{run}-{k:03d}" for k in range(len(ids), len(ids) + BATCH)]
-        fresh |= await _publish(kafka_bootstrap, _scored(agent, more, len(ids)))
+        fresh |= await _publish(kafka_bootstrap, scored_topic, _scored(agent, more, len(ids)))
         ids += more
 
     # Run 2: resumes from the checkpoint and finishes the stream.
@@ -195,11 +203,11 @@ async def test_swarm_learner_killed_between_checkpoint_and_commit(
     assert state.trained == len(ids)
     assert len(state.ledger) == len(ids) and sorted(state.ledger) == ids  # once each
     assert state.skipped_redelivered == gap
-    final_committed = await _committed(kafka_bootstrap, group)
-    assert {p: final_committed[p] for p in state.offsets[topics.SCORED_TRAJECTORIES]} == (
-        state.offsets[topics.SCORED_TRAJECTORIES]
+    final_committed = await _committed(kafka_bootstrap, group, scored_topic)
+    assert {p: final_committed[p] for p in state.offsets[scored_topic]} == (
+        state.offsets[scored_topic]
     )
-    events = await _own_policy_events(kafka_bootstrap, tmp_path / "artifacts")
+    events = await _own_policy_events(kafka_bootstrap, policy_topic, tmp_path / "artifacts")
     assert {e.model_name for e in events} == {MODEL_NAME}
     assert sorted({e.version for e in events}) == list(range(0, len(ids) // BATCH + 1))
     for e in events:
