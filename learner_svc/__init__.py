@@ -1,7 +1,7 @@
-"""learner_svc: consumes scored trajectories and (later) trains and publishes the policy.
-
-Today it receives and accounts for every ScoredTrajectory (commit after processing, dedupe
-by event id); PPO training, checkpoints and PolicyUpdated publishing build on this shell.
+"""learner_svc: the learning loop. Consumes scored trajectories, trains, checkpoints, commits
+and publishes versions (:mod:`learner_svc.loop`, with an algorithm from
+:mod:`learner_svc.algorithms`); ``PODIUM_LEARNER_MODE=stats`` only accounts for what it
+receives (:mod:`learner_svc.app`).
 """
 
 from learner_svc.app import LearnerApp

@@ -1,9 +1,8 @@
-"""The learner service shell: receive scored trajectories and keep running statistics.
+"""The learner in stats mode: receive scored trajectories and keep running statistics.
 
-It is deliberately small: a consumer with commit-after-processing and dedupe (from
-:class:`podium.bus.EventConsumer`) and a :class:`LearnerStats` accumulator. Training (PPO from
-:mod:`podium.rl`), staleness bounds, checkpoints and ``PolicyUpdated`` publishing plug in at
-:meth:`LearnerApp.receive`.
+A consumer with commit-after-processing and dedupe (:class:`podium.bus.EventConsumer`) and a
+:class:`LearnerStats` accumulator, for watching a stream without training on it (``podium
+demo``). Training is the learning loop's (:mod:`learner_svc.loop`, ``PODIUM_LEARNER_MODE=swarm``).
 """
 
 from __future__ import annotations
@@ -119,7 +118,7 @@ class LearnerApp:
             )
 
     async def receive(self, scored: reward_pb2.ScoredTrajectory) -> None:
-        """Account for one scored trajectory (the hook where training will plug in)."""
+        """Account for one scored trajectory."""
         self.stats.add(scored)
         if self.stats.received % self.config.log_every == 0:
             _log.info(

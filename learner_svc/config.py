@@ -107,6 +107,12 @@ class LoopSettings:
     """η: trajectories of a version more than this many versions old are dropped."""
     tensorboard_dir: str = env("PODIUM_LEARNER_TB", default="")
     """TensorBoard log directory; empty = none."""
+    keep_ledger: bool = env("PODIUM_LEARNER_KEEP_LEDGER", default=True)
+    """Keep every trained trajectory id in the checkpoint (the proof of exactly-once; it grows
+    with the stream, so a long-lived deployment may turn it off and keep the counters)."""
+    idle_flush_s: float = env("PODIUM_LEARNER_IDLE_FLUSH_S", default=0.0)
+    """Train on a partial batch after this many seconds without new records (0: only full
+    batches, as ``podium train`` needs; a live deployment with a trickle of sessions sets it)."""
     in_topic: str = env("PODIUM_LEARNER_IN_TOPIC", default=topics.SCORED_TRAJECTORIES)
     """Scored trajectories to learn from."""
     policy_topic: str = env("PODIUM_LEARNER_POLICY_TOPIC", default=topics.POLICY_UPDATES)
@@ -127,5 +133,7 @@ class LoopSettings:
             batch_trajectories=self.batch_trajectories,
             max_policy_lag=self.max_policy_lag,
             fetch_max=service.batch_max,
+            keep_ledger=self.keep_ledger,
+            idle_flush_s=self.idle_flush_s,
             log_dir=Path(self.tensorboard_dir) if self.tensorboard_dir else None,
         )

@@ -1,8 +1,9 @@
 """Podium: production reinforcement learning for agent swarms.
 
-The shared core: event bus, codec, telemetry, config, environments, policies, RL math and the
-CLI. Services (orchestrator_svc, subagent_svc, reward_svc, learner_svc) build on it and meet
-only through the bus, gRPC and the protos.
+The library: event bus, codec, telemetry, config, the service shell, environments, policies,
+RL math, rewards and serving clients. It imports no service; the services build on it and meet
+only through the bus, gRPC and the protos; the top floor (the CLI, the training job) composes
+them.
 """
 
 from podium.errors import (

@@ -13,9 +13,9 @@ Tests that need a broker of their own (to ``kill -9`` it) use :class:`KafkaBroke
 
 Version: Kafka 3.9.x is the last line that still serves the older protocol versions aiokafka
 speaks (4.0 removed them, see KIP-896); with it aiokafka's idempotent producer, consumer
-groups and transactions all work, which ``tests/bus/test_kafka_broker.py`` proves.
+groups and transactions all work, which ``tests/podium_app/test_kafka_broker.py`` proves.
 
-This module uses only the standard library, so ``scripts/kafka.sh`` runs without a venv.
+This module uses only the standard library (and podium.errors, itself stdlib only), so ``scripts/kafka.sh`` runs without a venv.
 """
 
 from __future__ import annotations

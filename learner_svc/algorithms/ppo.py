@@ -1,7 +1,8 @@
 """Generic PPO as a learning algorithm: a flat actor-critic on any observation vector.
 
 Each decision of a scored trajectory carries its observation as ``obs_dim`` little-endian
-float32 values, its valid actions and the behaviour log-probability and value; the scored
+float32 values in the one wire encoding of decisions (zlib-compressed, see
+:mod:`podium.policy.decisions`), its valid actions and the behaviour log-probability and value; the scored
 ``total`` (reward_svc's verdict on the session) is added to the last decision's reward, which
 ends the episode (terminated: no bootstrap). The update is :func:`podium.rl.update.ppo_update`
 on GAE advantages — the same code that beats Stable-Baselines3 on CartPole.

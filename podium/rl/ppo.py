@@ -2,7 +2,7 @@
 
 Everything here is a function of tensors (no environment, no optimizer, no I/O), so each piece
 can be tested against a slow reference or a hand-computed case and reused by the synchronous
-Gymnasium trainer (:mod:`podium.rl.trainer`) and by the streaming learner alike.
+Gymnasium trainer (:mod:`podium.rl.trainer`) and by the learning loop (:mod:`learner_svc.algorithms.ppo`) alike.
 
 Notation follows the papers and CleanRL:
 

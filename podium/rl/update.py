@@ -1,6 +1,6 @@
 """One PPO update (epochs of minibatch SGD on a flat batch), shared by every trainer.
 
-The synchronous Gymnasium trainer and the streaming learner differ in where transitions come
+The synchronous Gymnasium trainer and the learning loop's generic PPO differ in where transitions come
 from (vectorised environments vs scored trajectories on Kafka), not in how they learn from them:
 both hand a flat :class:`~podium.rl.ppo.Minibatch` of a whole batch to :func:`ppo_update`.
 """

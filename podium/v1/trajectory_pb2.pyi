@@ -386,7 +386,7 @@ class Trajectory(_message.Message):
         """A reference policy's return on the same (task, session seed), under the same sub-agent
         luck (common random numbers): the rollout baseline of Kool et al. (2019). Set by a
         simulating actor that can replay the session with the reference (e.g. the cpls rule
-        engine); live sessions cannot be replayed and leave `baseline_policy` empty.
+        engine); live sessions cannot be replayed and leave `baseline.policy` empty.
         """
 
     def __init__(

@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-repository",
         type=Path,
         default=None,
-        help="embedded bus: also export every published version to ONNX into this Triton model "
+        help="also export every published version to ONNX into this Triton model "
         "repository (<DIR>/swarm_policy/<version>/model.onnx; default: weights only)",
     )
     parser.add_argument(

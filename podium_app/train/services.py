@@ -28,7 +28,7 @@ from podium import rewards, topics
 from podium.bus import Bus
 from podium.bus.base import TopicSpec
 from podium.bus.kafka import KafkaBus
-from podium.errors import PodiumError
+from podium.errors import ConfigError, PodiumError
 from podium_app.processes import SERVICES_ROOT, ServiceProcesses
 from podium_app.train.config import TrainConfig
 from reward_svc.app import RewardApp
@@ -85,6 +85,21 @@ def learner_settings(
         total_updates=config.iterations,
         critic_warmup_updates=config.critic_warmup_iterations,
     )
+    # Behaviour cloning runs in the driver and reads the rest of TrainConfig.ppo itself; a
+    # PPO setting the learner cannot be given must not be silently dropped.
+    reaches = dataclasses.replace(
+        algorithm.ppo(), bc_learning_rate=ppo.bc_learning_rate, bc_epochs=ppo.bc_epochs
+    )
+    if reaches != ppo:
+        lost = [
+            f.name
+            for f in dataclasses.fields(ppo)
+            if getattr(ppo, f.name) != getattr(reaches, f.name)
+        ]
+        raise ConfigError(
+            f"TrainConfig.ppo: {', '.join(lost)} cannot reach the learner (its settings are "
+            "learning rate, entropy and GAE λ); leave them at their defaults"
+        )
     return loop, algorithm
 
 

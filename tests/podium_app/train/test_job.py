@@ -123,3 +123,22 @@ def test_train_command_sets_a_previous_run_aside(
     second = set_aside_previous_run(tmp_path / "other")
     assert first is not None and second is not None and first != second
     assert (second / "x").read_text() == "2"
+
+
+def test_a_ppo_setting_the_learner_cannot_take_is_refused(tmp_path: Path) -> None:
+    """TrainConfig.ppo reaches the learner through its settings; one that cannot (the clip
+    range here) is an error naming it, not a silently different run."""
+    from dataclasses import replace
+
+    import pytest
+
+    from podium.errors import ConfigError
+    from podium_app.train.services import RunTopics, learner_settings
+
+    config = small_config(tmp_path / "run")
+    loop, settings = learner_settings(config, tmp_path / "init.safetensors", 16, RunTopics())
+    assert settings.ppo().learning_rate == config.ppo.learning_rate
+    assert loop.batch_trajectories == config.episodes_per_iteration
+    odd = replace(config, ppo=replace(config.ppo, clip_coef=0.1))
+    with pytest.raises(ConfigError, match="clip_coef cannot reach the learner"):
+        learner_settings(odd, tmp_path / "init.safetensors", 16, RunTopics())
