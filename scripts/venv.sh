@@ -27,8 +27,11 @@ if [[ ! -f "$VENV/.complete" ]]; then
   "$VENV/bin/pip" install -q -r "$CACHE/requirements-$KEY.txt" >&2
   touch "$VENV/.complete"
 fi
-# The project itself is installed editable into whichever clone asks (cheap, no downloads).
-if ! (cd / && "$VENV/bin/python" -c "import podium, pathlib, sys; sys.exit(0 if pathlib.Path(podium.__file__).resolve().is_relative_to(pathlib.Path('$ROOT').resolve()) else 1)" 2>/dev/null); then
+# The project itself is installed editable into whichever clone asks (cheap, no downloads),
+# and again when its console script no longer names the entry point pyproject.toml declares.
+ENTRY="$("$PY" -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['project']['scripts']['podium'].split(':')[0])" "$ROOT/pyproject.toml")"
+if ! (cd / && "$VENV/bin/python" -c "import podium, podium_app, pathlib, sys; root = pathlib.Path('$ROOT').resolve(); sys.exit(0 if all(pathlib.Path(m.__file__).resolve().is_relative_to(root) for m in (podium, podium_app)) else 1)" 2>/dev/null) \
+  || ! grep -q "from $ENTRY import" "$VENV/bin/podium" 2>/dev/null; then
   "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT" >&2
 fi
 echo "$VENV"
