@@ -202,16 +202,7 @@ class GenericPPO:
             generator=self.generator,
         )
         dt = time.perf_counter() - t0
-        return {
-            "pg_loss": stats.pg_loss,
-            "v_loss": stats.v_loss,
-            "entropy": stats.entropy,
-            "approx_kl": stats.approx_kl,
-            "clip_fraction": stats.clip_fraction,
-            "explained_variance": stats.explained_variance,
-            "learning_rate": lr,
-            "ent_coef": ent_coef,
-            "epochs_run": float(stats.epochs_run),
+        return stats.metrics(lr, ent_coef) | {
             "return": float(np.mean([float(e.rewards.sum()) for e in batch])),
             "policy_lag": float(np.mean([e.lag for e in batch])),
             "decisions_per_s": float(minibatch.actions.shape[0]) / dt if dt > 0 else 0.0,

@@ -329,18 +329,7 @@ class PPOTrainer:
             generator=self.generator,
         )
         self.optimizer_steps += stats.optimizer_steps
-        return {
-            "pg_loss": stats.pg_loss,
-            "v_loss": stats.v_loss,
-            "entropy": stats.entropy,
-            "approx_kl": stats.approx_kl,
-            "clip_fraction": stats.clip_fraction,
-            "explained_variance": stats.explained_variance,
-            "learning_rate": lr,
-            "ent_coef": ent_coef,
-            "epochs_run": float(stats.epochs_run),
-            "policy_lag": stats.policy_lag,
-        }
+        return stats.metrics(lr, ent_coef) | {"policy_lag": stats.policy_lag}
 
     # -- loop ------------------------------------------------------------------------------
 

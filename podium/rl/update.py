@@ -48,6 +48,20 @@ class UpdateStats:
     policy_lag: float
     """Mean number of optimizer steps between the batch's collection and each minibatch."""
 
+    def metrics(self, learning_rate: float, ent_coef: float) -> dict[str, float]:
+        """The figures every trainer logs for an update (with the schedules' values)."""
+        return {
+            "pg_loss": self.pg_loss,
+            "v_loss": self.v_loss,
+            "entropy": self.entropy,
+            "approx_kl": self.approx_kl,
+            "clip_fraction": self.clip_fraction,
+            "explained_variance": self.explained_variance,
+            "learning_rate": learning_rate,
+            "ent_coef": ent_coef,
+            "epochs_run": float(self.epochs_run),
+        }
+
 
 def minibatch_loss(
     model: ActorCritic, mb: Minibatch, config: PPOConfig, ent_coef: float
