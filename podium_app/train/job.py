@@ -196,9 +196,9 @@ def _cold_start(run: _Run) -> tuple[Path, list[dict[str, float]], trajectory_pb2
     return ref.path, history, before[0]
 
 
-def _validate(run: _Run, log: IterationLog, event: reward_pb2.PolicyUpdated) -> None:
+async def _validate(run: _Run, log: IterationLog, event: reward_pb2.PolicyUpdated) -> None:
     """Greedy sessions on the validation tasks; remember the best version."""
-    _, val_eps, _ = run.actor.run(run.val_jobs, greedy=True)
+    _, val_eps, _ = await asyncio.to_thread(run.actor.run, run.val_jobs, greedy=True)
     log.val_ratio, log.val_completion = ratio_to_bound(val_eps), completion_rate(val_eps)
     run.writer.add_scalar("val/ratio_to_bound", log.val_ratio, log.iteration)
     run.writer.add_scalar("val/cpls_ratio_to_bound", run.cpls_val_ratio, log.iteration)
@@ -223,7 +223,9 @@ def _jobs_for(run: _Run, it: int) -> tuple[int, list[Job]]:
 async def _iteration(run: _Run, it: int, version: int) -> int:
     """One PPO iteration through the services; returns the new version."""
     stage, jobs = _jobs_for(run, it)
-    eps, trajs = run.actor.sample(jobs, run.config.rollout_baseline)
+    # Sessions are simulated in a worker thread: the event loop keeps the bus consumers'
+    # heartbeats going (a blocked loop would get the actor evicted from its group).
+    eps, trajs = await asyncio.to_thread(run.actor.sample, jobs, run.config.rollout_baseline)
     await publish_trajectories(run.publisher, run.services.topics.trajectories, trajs)
     event = await run.guarded(
         run.follower.wait_version(version + 1, None), f"policy version {version + 1}"
@@ -242,7 +244,7 @@ async def _iteration(run: _Run, it: int, version: int) -> int:
     run.writer.add_scalar("train/completion", log.train_completion, it)
     run.writer.add_scalar("train/reward_total", log.reward_total, it)
     if it % run.config.eval_every == 0 or it == run.config.iterations:
-        _validate(run, log, event)
+        await _validate(run, log, event)
     log.wall_s = time.perf_counter() - run.t0
     run.history.append(log)
     run.say(
@@ -273,8 +275,14 @@ async def _finish(
     best_path = path_from_uri(best.uri)
     run.actor.holder = PolicyHolder(build_swarm_policy)
     await run.actor.holder.aload(best_path, int(best.version), best.sha256)
-    summary = evaluate_policies(
-        run.actor, run.tasks.test, run.pool, cfg.test_episodes, run.env_cfg, seed=777
+    summary = await asyncio.to_thread(
+        evaluate_policies,
+        run.actor,
+        run.tasks.test,
+        run.pool,
+        cfg.test_episodes,
+        run.env_cfg,
+        seed=777,
     )
     _, _, after = run.actor.run(
         [Job(run.tasks.test[0], 424242)], greedy=True, with_trajectories=True
@@ -354,7 +362,7 @@ async def train(config: TrainConfig, progress: Progress | None = None) -> TrainR
         following = asyncio.create_task(follower.consumer.run(), name="actor-policy-updates")
         first = await run.guarded(run.follower.wait_version(0, None), "policy version 0")
         start = IterationLog(0, 0, 0, math.nan, math.nan, math.nan, {})
-        _validate(run, start, first)
+        await _validate(run, start, first)
         start.wall_s = time.perf_counter() - run.t0
         run.history.append(start)
         version = 0
