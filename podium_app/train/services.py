@@ -23,12 +23,13 @@ from typing import Any, Protocol
 
 from learner_svc.algorithms.swarm import SwarmPPO, SwarmSettings
 from learner_svc.config import LearnerConfig, LoopSettings
-from learner_svc.loop import LearningLoop
+from learner_svc.loop import LearningLoop, LoopApp
 from podium import rewards, topics
 from podium.bus import Bus
 from podium.bus.base import TopicSpec
 from podium.bus.kafka import KafkaBus
 from podium.errors import ConfigError, PodiumError
+from podium.service import App
 from podium_app.processes import SERVICES_ROOT, ServiceProcesses
 from podium_app.train.config import TrainConfig
 from reward_svc.app import RewardApp
@@ -137,15 +138,15 @@ class Deployment(Protocol):
 
 
 class EmbeddedServices:
-    """reward_svc and the learning loop as asyncio tasks on the in-process bus."""
+    """reward_svc and the learning loop as the apps their processes run, as asyncio tasks on
+    the in-process bus."""
 
     def __init__(self, config: TrainConfig, tag: str) -> None:
         self.config = config
         self.tag = tag
         self.topics = RunTopics()  # a fresh in-process bus holds no one else's events
-        self._reward: RewardApp | None = None
-        self._tasks: dict[str, asyncio.Task[Any]] = {}
-        self._stop = asyncio.Event()
+        self._apps: dict[str, App] = {}
+        self._waits: dict[str, asyncio.Task[None]] = {}
 
     async def start(
         self, bus: Bus, init: Path, max_subtasks: int, driver_groups: dict[str, list[str]]
@@ -156,40 +157,37 @@ class EmbeddedServices:
             instance=f"{self.tag}-reward",
             in_topic=self.topics.trajectories,
             out_topic=self.topics.scored,
+            shutdown_timeout_s=self.config.stop_timeout_s,
         )
-        self._reward = RewardApp(reward_cfg, rewards.default_config(), bus)
-        await self._reward.start()
-        self._tasks["reward_svc"] = asyncio.create_task(self._reward.wait(), name="reward_svc")
         loop_settings, settings = learner_settings(self.config, init, max_subtasks, self.topics)
-        algorithm = SwarmPPO.from_settings(settings)
         service = LearnerConfig(bus_url="inproc://", group_id=f"{self.tag}.learner")
         loop = LearningLoop(
-            loop_settings.loop_config(service, f"{self.tag}-learner"), algorithm, bus
+            loop_settings.loop_config(service, f"{self.tag}-learner"),
+            SwarmPPO.from_settings(settings),
+            bus,
         )
-        self._tasks["learner_svc"] = asyncio.create_task(
-            loop.run(stop=self._stop), name="learner_svc"
-        )
+        self._apps = {
+            "reward_svc": RewardApp(reward_cfg, rewards.default_config(), bus),
+            "learner_svc": LoopApp(loop, shutdown_timeout_s=self.config.stop_timeout_s),
+        }
+        for name, app in self._apps.items():
+            await app.start()
+            self._waits[name] = asyncio.create_task(app.wait(), name=name)
 
     def check(self) -> None:
-        for name, task in self._tasks.items():
+        for name, task in self._waits.items():
             if task.done() and not task.cancelled() and task.exception() is not None:
                 raise PodiumError(f"{name} failed: {task.exception()!r}")
 
     async def stop(self) -> dict[str, int]:
-        self._stop.set()
-        if self._reward is not None:
-            with contextlib.suppress(Exception):
-                await self._reward.stop()
         codes = {}
-        for name, task in self._tasks.items():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait({task}, timeout=self.config.stop_timeout_s)
-            if not task.done():
-                task.cancel()
+        for name, app in self._apps.items():
+            with contextlib.suppress(Exception):
+                await app.stop()
+            task = self._waits[name]
             with contextlib.suppress(BaseException):
                 await task
-            failed = not task.cancelled() and task.exception() is not None
-            codes[name] = 1 if failed else 0
+            codes[name] = 0 if task.done() and not task.cancelled() and not task.exception() else 1
         return codes
 
 

@@ -20,6 +20,7 @@ import grpc.aio
 import numpy as np
 import pytest
 import torch
+from svc_helpers import LOGIN_TASK
 
 from orchestrator_svc import OrchestratorApp, OrchestratorConfig
 from podium import topics
@@ -46,17 +47,6 @@ from subagent_svc import SubagentApp, SubagentConfig
 
 pytestmark = pytest.mark.serving
 
-TASK = """
-name: login-system
-max_parallel: 3
-subtasks:
-  - {id: form,    kind: ui,       work: 3.0}
-  - {id: hash,    kind: security, work: 5.0, splittable: true}
-  - {id: creds,   kind: db,       work: 4.0, deps: [hash]}
-  - {id: session, kind: state,    work: 3.5}
-  - {id: api,     kind: api,      work: 4.5, deps: [form, creds, session]}
-  - {id: tests,   kind: test,     work: 6.0, deps: [api], splittable: true}
-"""
 """A task with dependencies and splittable subtasks, submitted as text over gRPC."""
 
 
@@ -245,8 +235,10 @@ async def test_served_sessions_decide_exactly_as_local_torch(
 async def grpc_session(
     stub: ss_grpc.SessionServiceStub, seed: int
 ) -> tuple[list[ss.StreamSessionResponse], str]:
-    """Submit :data:`TASK` over gRPC and stream the session to its result."""
-    reply = await stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=TASK, seed=seed), timeout=10)
+    """Submit :data:`LOGIN_TASK` over gRPC and stream the session to its result."""
+    reply = await stub.SubmitTask(
+        ss.SubmitTaskRequest(task_spec_text=LOGIN_TASK, seed=seed), timeout=10
+    )
     events = [
         e
         async for e in stub.StreamSession(
