@@ -10,26 +10,29 @@ and :class:`learner_svc.algorithms.swarm.SwarmPPO` (the orchestrator's swarm pol
 
 from __future__ import annotations
 
-import re
 from typing import Protocol, TypeVar
 
 import torch
 
+from podium.policy.versions import policy_version_number
 from podium.v1 import reward_pb2
 
 SampleT = TypeVar("SampleT")
 
-_VERSION_NUMBER = re.compile(r"(\d+)(?!.*\d)")
-
 
 def version_number(policy_version: str) -> int:
-    """The last integer in a policy version string (``"orchestrator:12"`` -> 12); 0 if none."""
-    m = _VERSION_NUMBER.search(policy_version)
-    return int(m.group(1)) if m else 0
+    """The last integer in a policy version string (``"orchestrator:12"`` -> 12); 0 if none.
+
+    Strict and total (:func:`podium.policy.versions.policy_version_number`): ASCII digits
+    only; anything else (``"²"``, a control character, 19+ digits) raises a
+    :class:`~podium.errors.DecodeError` naming the problem, which the loop dead-letters.
+    """
+    return policy_version_number(policy_version)
 
 
 def policy_lag(current_version: int, behaviour_version: str) -> int:
-    """Versions between the acting policy and the learner's current one (never negative)."""
+    """Versions between the acting policy and the learner's current one (never negative);
+    :class:`~podium.errors.DecodeError` when ``behaviour_version`` is malformed."""
     return max(current_version - version_number(behaviour_version), 0)
 
 

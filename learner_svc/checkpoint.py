@@ -6,7 +6,8 @@ A checkpoint is two files in the checkpoint directory:
   Adam moments and step counters, ``rng.torch`` the minibatch-shuffling generator state);
 * ``checkpoint.json``: everything else (format, step, policy version, schedule position,
   optimizer hyperparameters, consumed offsets per topic and partition, counters, the ledger of
-  trained trajectory ids) plus the name and sha256 of the tensor file.
+  trained trajectory ids, the trajectory ids of the last updates that a restarted learner
+  refuses to train on again) plus the name and sha256 of the tensor file.
 
 No pickle anywhere. The tensor file is written first under a new name, then ``checkpoint.json``
 is replaced atomically (temp file, fsync, :func:`os.replace`): that rename is the commit point.
@@ -60,6 +61,23 @@ class LearnerState:
     sessions): read, accounted for, never trained on."""
     ledger: list[str] = field(default_factory=list)
     """Trajectory ids trained on, in order (kept when the learner's ``keep_ledger`` is set)."""
+    skipped_duplicate: int = 0
+    """Records dropped because their trajectory id was already trained on (or already in the
+    batch in hand): defence in depth against duplicates upstream (a re-scored trajectory)."""
+    recent_trained: list[list[str]] = field(default_factory=list)
+    """Trajectory ids of the last updates, one list per update, oldest first, at most the
+    loop's ``dedupe_updates`` of them: what a restarted learner still recognises as trained.
+    Bounded, unlike :attr:`ledger`, and kept whether or not the ledger is."""
+
+    def remember_update(self, ids: list[str], keep: int) -> None:
+        """Record the trajectory ids of one update, forgetting updates older than the last
+        ``keep`` (the memory of trained ids stays bounded)."""
+        self.recent_trained.append(list(ids))
+        del self.recent_trained[: max(len(self.recent_trained) - keep, 0)]
+
+    def trained_ids(self) -> set[str]:
+        """The trajectory ids of the remembered updates (:attr:`recent_trained`)."""
+        return {tid for update in self.recent_trained for tid in update}
 
     def next_offset(self, topic: str, partition: int) -> int:
         """First offset not yet accounted for in ``topic``/``partition`` (0 if none)."""
@@ -77,6 +95,8 @@ class LearnerState:
             "skipped_redelivered": self.skipped_redelivered,
             "skipped_off_policy": self.skipped_off_policy,
             "ledger": list(self.ledger),
+            "skipped_duplicate": self.skipped_duplicate,
+            "recent_trained": [list(ids) for ids in self.recent_trained],
         }
 
     @classmethod
@@ -94,7 +114,18 @@ class LearnerState:
             # Absent in checkpoints written before the swarm learner existed.
             skipped_off_policy=int(data.get("skipped_off_policy", 0)),
             ledger=[str(i) for i in data["ledger"]],
+            skipped_duplicate=int(data.get("skipped_duplicate", 0)),
+            recent_trained=_recent_trained(data),
         )
+
+
+def _recent_trained(data: dict[str, Any]) -> list[list[str]]:
+    """``recent_trained`` of a checkpoint's state; a checkpoint written before it existed
+    gives its ledger as one update, so the restarted learner still knows what it trained."""
+    if "recent_trained" in data:
+        return [[str(i) for i in ids] for ids in data["recent_trained"]]
+    ledger = [str(i) for i in data["ledger"]]
+    return [ledger] if ledger else []
 
 
 @dataclass(slots=True)

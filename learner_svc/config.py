@@ -84,11 +84,15 @@ class LoopConfig:
     keep_ledger: bool = True
     """Keep every trained trajectory id in the checkpoint (proof of exactly-once; grows with
     the stream, so production deployments may turn it off and keep the counters only)."""
+    dedupe_updates: int = 64
+    """Remember the trajectory ids of this many latest updates (in the checkpoint, so across
+    restarts) and drop a record whose id is among them: defence in depth against duplicates
+    upstream, in bounded memory (``dedupe_updates × batch_trajectories`` ids)."""
     log_dir: Path | None = None
     """TensorBoard directory, or None."""
 
     def __post_init__(self) -> None:
-        for name in ("batch_trajectories", "publish_every", "fetch_max"):
+        for name in ("batch_trajectories", "publish_every", "fetch_max", "dedupe_updates"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_policy_lag < 0:
@@ -110,6 +114,9 @@ class LoopSettings:
     keep_ledger: bool = env("PODIUM_LEARNER_KEEP_LEDGER", default=True)
     """Keep every trained trajectory id in the checkpoint (the proof of exactly-once; it grows
     with the stream, so a long-lived deployment may turn it off and keep the counters)."""
+    dedupe_updates: int = env("PODIUM_LEARNER_DEDUPE_UPDATES", default=64, parse=positive_int)
+    """Updates whose trajectory ids the learner remembers (across restarts) and refuses to
+    train on again; duplicates are dropped and counted (``skipped_duplicate``)."""
     idle_flush_s: float = env("PODIUM_LEARNER_IDLE_FLUSH_S", default=0.0)
     """Train on a partial batch after this many seconds without new records (0: only full
     batches, as ``podium train`` needs; a live deployment with a trickle of sessions sets it)."""
@@ -134,6 +141,7 @@ class LoopSettings:
             max_policy_lag=self.max_policy_lag,
             fetch_max=service.batch_max,
             keep_ledger=self.keep_ledger,
+            dedupe_updates=self.dedupe_updates,
             idle_flush_s=self.idle_flush_s,
             log_dir=Path(self.tensorboard_dir) if self.tensorboard_dir else None,
         )

@@ -31,6 +31,18 @@ importance weight is applied: PPO's ratio ``pi_new / pi_behaviour`` is computed 
 behaviour log-probability recorded in each decision, so it already is the importance weight,
 and clipping bounds it.
 
+**Poison.** A record that cannot become training data — undecodable bytes, a malformed
+``policy_version`` (parsed strictly: ASCII digits only, :mod:`podium.policy.versions`), wrong
+shapes or tensors, a NaN or infinity (:func:`check_finite`: one would turn every weight into
+NaN), anything :meth:`Algorithm.decode` raises on — goes to the dead-letter topic
+with the error in its headers, is counted in ``dead_lettered`` and its offset is accounted for:
+one bad record never stops the learner.
+
+**Duplicates.** Upstream is meant to deliver each scored trajectory once, but the learner does
+not rely on it: it remembers the trajectory ids of its last ``dedupe_updates`` updates (in the
+checkpoint, so across restarts) and those of the batch in hand, and drops a record whose id is
+among them (logged, counted in ``skipped_duplicate``, committed, never trained on).
+
 The learner is one consumer (it scales by data parallelism, not by splitting partitions among
 members): a rebalance mid-batch could otherwise hand uncommitted records to another member.
 """
@@ -39,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, Generic
@@ -49,11 +62,32 @@ from learner_svc.config import LoopConfig
 from podium import codec
 from podium.bus.base import Bus, Record, Subscriber
 from podium.bus.consumer import EventPublisher, publish_dead_letter
-from podium.errors import DecodeError, ProcessingError
+from podium.errors import DecodeError, PodiumError
+from podium.policy.signing import announcement_event_id
 from podium.service import ServiceShell
 from podium.v1 import reward_pb2
 
 _log = logging.getLogger(__name__)
+
+_DECISION_NUMBERS = ("log_prob", "value", "env_reward")
+
+
+def check_finite(scored: reward_pb2.ScoredTrajectory) -> None:
+    """Raise :class:`DecodeError` naming the first non-finite number a training sample would
+    carry: the total, the rollout baseline's return, or a decision's log-probability, value
+    or reward. One NaN in a batch turns every weight into NaN, and that version would be
+    published to the orchestrators, so such a record is poison even though it decodes."""
+    traj = scored.trajectory
+    what = f"trajectory {traj.trajectory_id or traj.session_id}"
+    if not math.isfinite(scored.total):
+        raise DecodeError(f"{what}: total is {scored.total}")
+    if not math.isfinite(traj.baseline.env_return):
+        raise DecodeError(f"{what}: baseline.env_return is {traj.baseline.env_return}")
+    for t, decision in enumerate(traj.decisions):
+        for name in _DECISION_NUMBERS:
+            value = getattr(decision, name)
+            if not math.isfinite(value):
+                raise DecodeError(f"{what} decision {t}: {name} is {value}")
 
 
 class LearningLoop(Generic[SampleT]):
@@ -82,6 +116,10 @@ class LearningLoop(Generic[SampleT]):
         self._writer: Any = None
         self._pending: list[SampleT] = []
         """Usable samples not yet trained on."""
+        self._pending_ids: set[str] = set()
+        """Their trajectory ids."""
+        self._trained_ids: set[str] = set()
+        """Trajectory ids of the remembered updates (``state.recent_trained``)."""
         self._handled: list[Record] = []
         """Records accounted for since the last commit."""
         self._idle_since = time.monotonic()
@@ -112,6 +150,7 @@ class LearningLoop(Generic[SampleT]):
         algo.optimizer.load_state_dict(ckpt.optimizer)
         algo.generator.set_state(ckpt.rng_state)
         self.state = ckpt.state
+        self._trained_ids = self.state.trained_ids()
         _log.info(
             "restored %s: step %d, version %d, %d trained, offsets %s",
             ckpt.path,
@@ -188,30 +227,71 @@ class LearningLoop(Generic[SampleT]):
             return None
         st.offsets.setdefault(record.topic, {})[record.partition] = record.offset + 1
         try:
-            _, scored = codec.decode_event(record.value, reward_pb2.ScoredTrajectory)
-            lag = policy_lag(st.policy_version, scored.trajectory.policy_version)
-            if lag > self.config.max_policy_lag:
-                st.dropped_stale += 1
-                return None
-            sample = self.algorithm.decode(scored, lag)
-            if sample is None:
-                st.skipped_off_policy += 1
-            return sample
-        except (DecodeError, ProcessingError) as exc:
+            sample = self._sample(record)
+        except Exception as exc:
+            # Whatever turning this record into training data raised, it is about the record
+            # (decoding is pure): parked for a human, never a crash loop of the learner.
+            if not isinstance(exc, PodiumError):
+                _log.warning("unexpected %s decoding a record", type(exc).__name__, exc_info=True)
             st.dead_lettered += 1
             await self._dead_letter(record, exc)
             return None
+        if sample is None or self._is_duplicate(record, sample):
+            return None
+        return sample
+
+    def _sample(self, record: Record) -> SampleT | None:
+        """The training sample in ``record``, or None when it is stale or off-policy (counted).
+
+        Raises whatever makes the record unusable (``DecodeError`` for bytes, a malformed
+        ``policy_version``, bad tensors, a non-finite number; ``ProcessingError``; or an
+        algorithm's surprise).
+        """
+        st = self.state
+        _, scored = codec.decode_event(record.value, reward_pb2.ScoredTrajectory)
+        lag = policy_lag(st.policy_version, scored.trajectory.policy_version)
+        if lag > self.config.max_policy_lag:
+            st.dropped_stale += 1
+            return None
+        sample = self.algorithm.decode(scored, lag)
+        if sample is None:
+            st.skipped_off_policy += 1
+        else:
+            check_finite(scored)
+        return sample
+
+    def _is_duplicate(self, record: Record, sample: SampleT) -> bool:
+        """Whether ``sample``'s trajectory was trained on in a remembered update or is in the
+        batch in hand (then it is dropped and counted); else it joins the batch's ids."""
+        tid = self.algorithm.sample_id(sample)
+        if tid not in self._trained_ids and tid not in self._pending_ids:
+            self._pending_ids.add(tid)
+            return False
+        self.state.skipped_duplicate += 1
+        _log.warning(
+            "dropping %s[%d]@%d: trajectory %s was already %s (skipped_duplicate %d)",
+            record.topic,
+            record.partition,
+            record.offset,
+            tid,
+            "trained on" if tid in self._trained_ids else "taken into this batch",
+            self.state.skipped_duplicate,
+        )
+        return True
 
     async def _step(self, sub: Subscriber) -> None:
         """Train on the pending batch, checkpoint, commit what was handled, publish."""
         batch, handled = self._pending, self._handled
-        self._pending, self._handled = [], []
+        self._pending, self._handled, self._pending_ids = [], [], set()
         st = self.state
         metrics = await asyncio.to_thread(self.algorithm.update, batch, st.step)
         st.step += 1
         st.trained += len(batch)
+        ids = [self.algorithm.sample_id(s) for s in batch]
         if self.config.keep_ledger:
-            st.ledger.extend(self.algorithm.sample_id(s) for s in batch)
+            st.ledger.extend(ids)
+        st.remember_update(ids, self.config.dedupe_updates)
+        self._trained_ids = st.trained_ids()
         bumped = st.step % self.config.publish_every == 0
         if bumped:
             st.policy_version += 1
@@ -229,12 +309,15 @@ class LearningLoop(Generic[SampleT]):
         await sub.commit(handled)
         self._log(metrics)
         _log.info(
-            "update %d: %d trajectories -> v%d; dropped_stale %d, skipped_off_policy %d, %s",
+            "update %d: %d trajectories -> v%d; dropped_stale %d, skipped_off_policy %d, "
+            "skipped_duplicate %d, dead_lettered %d, %s",
             st.step,
             len(batch),
             st.policy_version,
             st.dropped_stale,
             st.skipped_off_policy,
+            st.skipped_duplicate,
+            st.dead_lettered,
             ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())),
         )
         if bumped:
@@ -251,7 +334,8 @@ class LearningLoop(Generic[SampleT]):
             self.config.policy_topic,
             event,
             key=algo.model_name,
-            event_id=f"{algo.model_name}:{st.policy_version}",
+            # Unguessable without the signing key, so junk cannot take a version's id first.
+            event_id=announcement_event_id(event),
         )
         _log.info("published %s v%d (%s)", algo.model_name, st.policy_version, event.uri)
         async with self.updated:
@@ -269,6 +353,8 @@ class LearningLoop(Generic[SampleT]):
             self._writer.add_scalar(f"learner/{key}", value, step)
         self._writer.add_scalar("learner/policy_version", self.state.policy_version, step)
         self._writer.add_scalar("learner/dropped_stale", self.state.dropped_stale, step)
+        self._writer.add_scalar("learner/skipped_duplicate", self.state.skipped_duplicate, step)
+        self._writer.add_scalar("learner/dead_lettered", self.state.dead_lettered, step)
 
     async def _dead_letter(self, record: Record, exc: Exception) -> None:
         _log.error(
@@ -306,4 +392,4 @@ class LoopApp:
         await self.shell.wait()
 
 
-__all__ = ["LearningLoop", "LoopApp", "LoopConfig"]
+__all__ = ["LearningLoop", "LoopApp", "LoopConfig", "check_finite"]

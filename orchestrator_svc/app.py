@@ -1,20 +1,28 @@
 """The orchestrator service: task intake, sessions, trajectories.
 
-Three consumers and one gRPC server, built from ``(config, bus)``:
+Workers on a :class:`~podium.service.ServiceShell` and one gRPC server, built from
+``(config, bus)``:
 
-* ``<group>.tasks`` on ``TaskSubmitted``: each event opens a session (at most
-  ``max_sessions`` at once; beyond that the handler waits, which is backpressure on the topic).
-  Tasks arrive from SubmitTask or straight from a training driver; both take this one path.
-* ``<group>.results`` on ``SubtaskResult``: routed to the running session by session id;
-  results of sessions this process does not run (stale runs) are logged and skipped.
-* ``<group>.scores`` on ``ScoredTrajectory``: attaches the reward breakdown to the session
-  so GetSession can show it.
+* ``<group>.tasks``: the :class:`~orchestrator_svc.intake.TaskIntake` on ``TaskSubmitted``,
+  a per-partition transactional member. Each event opens a session (at most ``max_sessions``
+  at once; beyond that nothing more is fetched, which is backpressure on the topic). Replicas
+  share the tasks partitions: a session belongs to the replica owning its partition. Its
+  TaskSubmitted is committed only together with its Trajectory and its ledger entry, so a
+  crashed or fenced replica loses nothing and publishes nothing: the next owner re-runs its
+  unfinished sessions and skips the finished ones (:mod:`orchestrator_svc.intake`).
+* ``<group>.results.<instance>`` on ``SubtaskResult``: every replica reads every result in
+  a group of its own (positioned at the end on start) and routes it to the session it runs,
+  by session id; results of sessions run elsewhere or of earlier runs (another run id) are
+  skipped. Chosen over co-partitioning results with tasks because group assignments of two
+  topics cannot be kept aligned through rebalances; the price is that each replica reads the
+  (small) results of all.
+* ``<group>.ledger.<instance>``: the session ledger, followed so a replica ends the streams
+  of sessions it accepted but another replica ran (:mod:`orchestrator_svc.ledger`).
+* ``<group>.scores.<instance>`` on ``ScoredTrajectory``: attaches the reward breakdown to
+  the session so GetSession can show it.
 
-Delivery: a TaskSubmitted is committed once its session has *started*, not when it ends, so
-that many sessions run at once; a crash loses the runs in flight (their TaskSubmitted stays
-in the log for replay, and sessions are deterministic given their seed). Results are keyed
-by session, and one orchestrator replica per results partition is assumed for now: a
-replica only routes results to sessions it runs.
+``client_request_id`` is an idempotency key: the session id is its uuid5, so a retry on any
+replica after any restart names the same session, and its owner runs it once.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import contextlib
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -32,23 +40,41 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from orchestrator_svc.config import OrchestratorConfig
+from orchestrator_svc.fit import fit_trajectory
 from orchestrator_svc.grpc_api import GrpcServer, task_message
+from orchestrator_svc.intake import Output, PartitionLost, TaskIntake
+from orchestrator_svc.ledger import LEDGER, LedgerFollower
 from orchestrator_svc.policy import SchedulingPolicy, make_policy
-from orchestrator_svc.session import Session, SessionHandle, SessionSettings
+from orchestrator_svc.session import (
+    Session,
+    SessionHandle,
+    SessionSettings,
+    failed_result,
+    failed_trajectory,
+)
 from orchestrator_svc.specs import validate_task
 from podium import topics
-from podium.bus.base import Bus, Record, TopicSpec
-from podium.bus.consumer import EventConsumer, EventPublisher, Handler
+from podium.bus import KafkaBus
+from podium.bus.base import TP, Bus, Record, TopicSpec
+from podium.bus.consumer import EventConsumer, EventPublisher, Handler, encode_record
 from podium.codec import unpack_as
 from podium.envs.swarm.env import EnvConfig, SwarmEnv
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, default_pool, load_pool, parse_task
 from podium.envs.swarm.trajectory import task_to_proto
-from podium.errors import ConfigError, ProcessingError, SpecError
+from podium.errors import AdmissionError, ConfigError, ProcessingError, SpecError
 from podium.service import ServiceShell, default_instance_name
 from podium.serving.endpoint import parse_backend
 from podium.telemetry import TracingServerInterceptor
-from podium.v1 import envelope_pb2, reward_pb2, session_service_pb2, subtask_pb2, task_pb2
+from podium.v1 import (
+    envelope_pb2,
+    orchestrator_pb2,
+    reward_pb2,
+    session_service_pb2,
+    subtask_pb2,
+    task_pb2,
+    trajectory_pb2,
+)
 
 if TYPE_CHECKING:
     from orchestrator_svc.learned import LearnedPolicySource
@@ -61,6 +87,30 @@ LEARNED = "learned"
 
 SERVICE = "orchestrator_svc"
 """Service name (OpenTelemetry ``service.name``, default instance prefix)."""
+
+REQUEST_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "podium:orchestrator:client_request_id")
+"""uuid5 namespace of session ids derived from ``client_request_id``."""
+
+
+def session_id_for(client_request_id: str) -> str:
+    """The session id of a SubmitTask: the uuid5 of ``client_request_id`` (the same on every
+    replica, before and after any restart, so a retry names the same session), else random."""
+    if client_request_id:
+        return str(uuid.uuid5(REQUEST_NAMESPACE, client_request_id))
+    return str(uuid.uuid4())
+
+
+def handed_over(instance: str) -> session_service_pb2.SessionResult:
+    """The terminal stream message of a session this replica stopped before it ended: it is
+    not lost (its TaskSubmitted stays uncommitted), the next owner of its partition runs it."""
+    return session_service_pb2.SessionResult(
+        state=session_service_pb2.SESSION_STATE_PENDING,
+        summary=(
+            f"{instance} stopped before the session ended here; the next owner of its tasks "
+            "partition runs it: GetSession on another replica, or SubmitTask again with the "
+            "same client_request_id"
+        ),
+    )
 
 
 def _probe_task(pool: PoolSpec) -> TaskSpec:
@@ -119,16 +169,17 @@ class OrchestratorApp:
         )
         self.shell = ServiceShell(SERVICE, shutdown_timeout_s=config.shutdown_timeout_s)
         """Runs the consumers and stops them within one deadline (:mod:`podium.service`)."""
+        self.handles: OrderedDict[str, SessionHandle] = OrderedDict()
+        self.running: dict[str, Session] = {}
+        self._open: set[str] = set()
+        """Sessions accepted by this replica's SubmitTask, maybe not ended (admission)."""
+        self._session_tasks: dict[asyncio.Task[None], TP] = {}
+        self._slot_freed = asyncio.Event()
+        self.sessions_finished = 0
         self._add_consumers()
         self.serve_grpc = serve_grpc
         # Built in start(): a grpc.aio server binds to the event loop it is created in.
         self.grpc: GrpcServer | None = None
-        self.handles: OrderedDict[str, SessionHandle] = OrderedDict()
-        self.running: dict[str, Session] = {}
-        self._by_request: dict[str, str] = {}
-        self._slots = asyncio.Semaphore(config.max_sessions)
-        self._session_tasks: set[asyncio.Task[None]] = set()
-        self.sessions_finished = 0
 
     def _scheduling_policy(self, policy: SchedulingPolicy | None) -> SchedulingPolicy:
         """``policy`` if given; else the learned policy's cold start (``PODIUM_POLICY=learned``,
@@ -141,12 +192,15 @@ class OrchestratorApp:
         import torch
 
         from orchestrator_svc.learned import LearnedPolicySource
+        from podium.policy.signing import TrustedKeys
 
         # Decisions are single small forward passes: one thread keeps their latency low
         # and leaves the other cores to the services beside this one.
         torch.set_num_threads(1)
         self.learned = LearnedPolicySource(
             tuple(self.pool.agent_names),
+            # ConfigError naming PODIUM_POLICY_TRUSTED_KEYS when unset: fails start-up.
+            trusted=TrustedKeys.load(self.config.policy_trusted_keys),
             default_max_subtasks=self.config.policy_max_subtasks,
             sample_prefixes=self.config.policy_sample_from,
             backend=self._served_backend(self.config),
@@ -169,16 +223,23 @@ class OrchestratorApp:
             )
         )
 
+    def _own_groups(self) -> dict[str, list[str]]:
+        """This replica's own groups (every replica reads all of these topics), by topic."""
+        group, me = self.config.group_id, self.instance
+        return {
+            f"{group}.results.{me}": [topics.SUBTASK_RESULTS],
+            f"{group}.scores.{me}": [topics.SCORED_TRAJECTORIES],
+            f"{group}.ledger.{me}": [LEDGER],
+        }
+
     def _add_consumers(self) -> None:
-        """The consumers, in start order: results and scores before intake, so that the first
-        session's results already have a consumer when its subtasks go out."""
+        """The consumers, in start order: results, scores and the ledger before intake, so
+        that the first session's results already have a consumer when its subtasks go out."""
         group = self.config.group_id
-        self.results_consumer = self._consumer(
-            topics.SUBTASK_RESULTS, f"{group}.results", self._on_result
-        )
-        self.scores_consumer = self._consumer(
-            topics.SCORED_TRAJECTORIES, f"{group}.scores", self._on_score
-        )
+        results, scores, ledger = self._own_groups()
+        self.results_consumer = self._consumer(topics.SUBTASK_RESULTS, results, self._on_result)
+        self.scores_consumer = self._consumer(topics.SCORED_TRAJECTORIES, scores, self._on_score)
+        self.ledger = self.shell.add(LedgerFollower(self.bus, ledger, group, self._on_ledger))
         # Every replica loads every version, so each has its own group on the policy topic.
         self.policy_consumer = (
             self._consumer(
@@ -187,8 +248,8 @@ class OrchestratorApp:
             if self.learned is not None
             else None
         )
-        self.tasks_consumer = self._consumer(
-            topics.TASKS, f"{group}.tasks", self._on_task, max_batch=16
+        self.intake = self.shell.add(
+            TaskIntake(self.bus, self, deployment=group, instance=self.instance)
         )
 
     def _served_backend(self, config: OrchestratorConfig) -> ServedPolicy | None:
@@ -219,19 +280,29 @@ class OrchestratorApp:
         if backend is not None:
             await self._await_server(backend)
         p = self.config.topic_partitions
-        await self.bus.create_topics(
-            [
-                TopicSpec(t, p)
-                for t in (topics.SUBTASKS_ASSIGNED, topics.TRAJECTORIES, topics.FEEDBACK)
-            ]
+        written = (topics.SUBTASKS_ASSIGNED, topics.TRAJECTORIES, topics.FEEDBACK, LEDGER)
+        read = (
+            topics.TASKS,
+            topics.dead_letter(topics.TASKS),
+            topics.SUBTASK_RESULTS,
+            topics.SCORED_TRAJECTORIES,
         )
+        # The ledger is state keyed by session id: compaction keeps each session's last entry.
+        compact = (("cleanup.policy", "compact"),)
+        await self.bus.create_topics(
+            [TopicSpec(t, p, config=compact if t == LEDGER else ()) for t in written + read]
+        )
+        if isinstance(self.bus, KafkaBus):
+            # Groups of this replica alone start at the end: results of runs before this
+            # process are stale (sessions re-run with a fresh run id), scores and ledger
+            # entries of them concern no handle here.
+            await self.bus.position_groups_at_end(self._own_groups())
         await self.shell.start()
         if self.serve_grpc:
             self.grpc = GrpcServer(
                 self,
-                host=self.config.grpc_host,
-                port=self.config.grpc_port,
-                max_message_bytes=self.config.grpc_max_message_bytes,
+                self.config,
+                pool=self.pool_spec,
                 interceptor=TracingServerInterceptor(self.tracer),
             )
             port = await self.grpc.start()
@@ -254,16 +325,20 @@ class OrchestratorApp:
 
     async def stop(self) -> None:
         """Graceful: stop intake (gRPC NOT_SERVING, no new tasks), let running sessions finish
-        within the shutdown timeout, then stop the result and score consumers."""
+        and commit within the shutdown timeout, leave the tasks group (sessions still running
+        are cancelled: their TaskSubmitted stays uncommitted for the next owner), stop the
+        other consumers, and end every stream still open with a terminal message."""
         # One deadline for the whole shutdown, so it is bounded by PODIUM_SHUTDOWN_TIMEOUT_S
         # (plus a floor per phase to commit what is in hand), not by a sum of per-phase waits.
         deadline = self.shell.deadline()
         if self.grpc is not None:
             await self.grpc.set_serving(False)
-        await self.shell.stop(self.tasks_consumer, deadline=deadline)
+        await self.shell.stop(self.intake, deadline=deadline)
         await self._drain_sessions(deadline.left(0.0))
+        await self.intake.close()
         # Results were still consumed while sessions drained; now the rest may stop.
         await self.shell.stop(deadline=deadline)
+        await self._end_streams()
         if self.grpc is not None:
             await self.grpc.stop(grace_s=min(deadline.left(), 5.0))
         if self.learned is not None and self.learned.backend is not None:
@@ -271,15 +346,17 @@ class OrchestratorApp:
 
     async def _drain_sessions(self, timeout_s: float) -> None:
         """Let running sessions finish for up to ``timeout_s``, then cancel the rest (their
-        TaskSubmitted stays in the log; a session is deterministic given its seed)."""
+        TaskSubmitted stays uncommitted; a session is deterministic given its seed)."""
         if not self._session_tasks:
             return
         _, pending = await asyncio.wait(set(self._session_tasks), timeout=timeout_s)
-        for t in pending:
-            t.cancel()
-        for t in pending:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await self._cancel(pending)
+
+    async def _end_streams(self) -> None:
+        """Every stream still open here ends with :func:`handed_over`."""
+        for handle in list(self.handles.values()):
+            if not handle.finished:
+                await handle.finish(handed_over(self.instance))
 
     async def wait(self) -> None:
         """Return when the consumers have ended; raise if one crashed."""
@@ -290,28 +367,58 @@ class OrchestratorApp:
     async def submit(
         self, request: session_service_pb2.SubmitTaskRequest, submitted_by: str
     ) -> str:
-        """Validate, register and publish a task; returns the session id."""
-        if request.client_request_id and request.client_request_id in self._by_request:
-            return self._by_request[request.client_request_id]
+        """Validate, register and publish a task; returns the session id.
+
+        A ``client_request_id`` seen before returns its session (see :func:`session_id_for`).
+        Raises :class:`AdmissionError` (``PODIUM_MAX_OPEN_SESSIONS``) when this replica has
+        that many sessions accepted and not ended. If publishing fails, nothing is left
+        behind: the handle is removed, so a retry starts clean.
+        """
+        session_id = session_id_for(request.client_request_id)
+        if session_id in self.handles:
+            return session_id
+        self._admit()
         task = validate_task(
             self.pool_spec, message=task_message(request), text=request.task_spec_text
         )
-        session_id = str(uuid.uuid4())
         message = task_to_proto(task)
         submitted = task_pb2.TaskSubmitted(
             session_id=session_id, task=message, submitted_by=submitted_by, seed=request.seed
         )
         submitted.submitted_at.FromDatetime(datetime.now(UTC))
         self._register(SessionHandle(session_id=session_id, task=message))
-        if request.client_request_id:
-            self._by_request[request.client_request_id] = session_id
-        await self.publisher.publish(
-            topics.TASKS,
-            submitted,
-            key=session_id,
-            idempotency_key=request.client_request_id or session_id,
-        )
+        self._open.add(session_id)
+        try:
+            await self.publisher.publish(
+                topics.TASKS,
+                submitted,
+                key=session_id,
+                idempotency_key=request.client_request_id or session_id,
+            )
+        except BaseException:  # cancelled by the client's deadline included
+            self._forget(session_id)
+            raise
         return session_id
+
+    def _admit(self) -> None:
+        """Raise :class:`AdmissionError` if this replica is at its open-session limit."""
+        self._open = {
+            s for s in self._open if (h := self.handles.get(s)) is not None and not h.finished
+        }
+        limit = self.config.max_open_sessions
+        if len(self._open) >= limit:
+            raise AdmissionError(
+                f"{len(self._open)} sessions open on {self.instance}: at the limit "
+                f"PODIUM_MAX_OPEN_SESSIONS={limit}; retry when sessions have ended",
+                limit="PODIUM_MAX_OPEN_SESSIONS",
+            )
+
+    def _forget(self, session_id: str) -> None:
+        """Drop a session that was never published (its SubmitTask failed)."""
+        handle = self.handles.get(session_id)
+        if handle is not None and not handle.finished:
+            del self.handles[session_id]
+        self._open.discard(session_id)
 
     def session(self, session_id: str) -> SessionHandle | None:
         return self.handles.get(session_id)
@@ -333,26 +440,29 @@ class OrchestratorApp:
             del self.handles[oldest_id]
         return handle
 
-    # ------------------------------------------------------------------ consumers
+    # ------------------------------------------------------------------ SessionRunner
 
-    async def _on_task(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
-        submitted = unpack_as(envelope, task_pb2.TaskSubmitted)
+    def free_slots(self) -> int:
+        return self.config.max_sessions - len(self._session_tasks)
+
+    async def slot_freed(self, timeout_s: float) -> None:
+        self._slot_freed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._slot_freed.wait(), timeout_s)
+
+    def is_running(self, session_id: str) -> bool:
+        return session_id in self.running
+
+    async def start_session(self, submitted: task_pb2.TaskSubmitted, record: Record) -> None:
+        """Run ``submitted`` in a task of its own; an invalid task ends at once, FAILED, with
+        a trajectory, a ledger entry and the TaskSubmitted dead-lettered with the reason."""
         sid = submitted.session_id
-        if not sid:
-            raise ProcessingError(f"TaskSubmitted {envelope.event_id} has no session_id")
-        if sid in self.running or (sid in self.handles and self.handles[sid].finished):
-            _log.info("session %s already run here; skipping redelivered TaskSubmitted", sid)
-            return
+        handle = self._register(SessionHandle(session_id=sid, task=submitted.task))
         try:
             task = validate_task(self.pool_spec, message=submitted.task)
         except SpecError as exc:
-            # Not retriable: EventConsumer dead-letters it with the reason in the headers.
-            handle = self.handles.get(sid)
-            if handle is not None:
-                handle.state = session_service_pb2.SESSION_STATE_FAILED
-            raise ProcessingError(f"session {sid}: invalid task ({exc.field}): {exc}") from exc
-        handle = self._register(SessionHandle(session_id=sid, task=submitted.task))
-        await self._slots.acquire()  # backpressure: hold the batch until a slot frees up
+            await self._end_invalid(submitted, record, handle, exc)
+            return
         session = Session(
             submitted,
             task,
@@ -366,23 +476,121 @@ class OrchestratorApp:
             on_event=self.on_event,
         )
         self.running[sid] = session
-        task_ = asyncio.create_task(self._run(session), name=f"session {sid}")
-        self._session_tasks.add(task_)
-        task_.add_done_callback(self._session_tasks.discard)
+        task_ = asyncio.create_task(self._run(session, record), name=f"session {sid}")
+        self._session_tasks[task_] = (record.topic, record.partition)
+        task_.add_done_callback(self._session_done)
 
-    async def _run(self, session: Session) -> None:
+    def _session_done(self, task: asyncio.Task[None]) -> None:
+        self._session_tasks.pop(task, None)
+        self._slot_freed.set()
+
+    async def cancel_sessions(self, partitions: frozenset[TP]) -> None:
+        """Cancel the sessions of ``partitions`` without publishing (revoked or fenced)."""
+        me = asyncio.current_task()
+        await self._cancel(
+            t for t, tp in self._session_tasks.items() if tp in partitions and t is not me
+        )
+
+    async def _cancel(self, tasks: Iterable[asyncio.Task[None]]) -> None:
+        chosen = list(tasks)
+        for t in chosen:
+            t.cancel()
+        for t in chosen:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    async def _end_invalid(
+        self,
+        submitted: task_pb2.TaskSubmitted,
+        record: Record,
+        handle: SessionHandle,
+        exc: SpecError,
+    ) -> None:
+        sid = submitted.session_id
+        error = ProcessingError(f"session {sid}: invalid task ({exc.field}): {exc}")
+        trajectory = failed_trajectory(submitted, f"invalid task: {exc}")
+        result = failed_result(submitted, f"invalid task ({exc.field}): {exc}")
+        outputs = [self.intake.dead_letter(record, error), self._trajectory_output(trajectory)]
+        handle.trajectory = trajectory  # before the commit: the ledger follower may end it
         try:
-            await session.run()
-            self.sessions_finished += 1
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            _log.exception("session %s crashed", session.session_id)
-            if not session.handle.finished:
-                session.handle.state = session_service_pb2.SESSION_STATE_FAILED
+            await self.intake.complete(record, outputs, self._done(sid, "", record, result))
+        except PartitionLost:
+            handle.trajectory = None
+            return
+        await handle.finish(result)
+
+    async def _run(self, session: Session, record: Record) -> None:
+        """Run ``session``; publish its trajectory with its ledger entry and offset commit."""
+        handle = session.handle
+        try:
+            trajectory = await session.run()
+            result = session.result(trajectory)
+            trajectory = self._fit(trajectory)
+            done = self._done(session.session_id, session.run_id, record, result)
+            # Set before the commit: the ledger follower may end the stream before we do.
+            handle.trajectory = trajectory
+            await self.intake.complete(record, [self._trajectory_output(trajectory)], done)
+        except (PartitionLost, asyncio.CancelledError) as exc:
+            # Another replica runs it now (or will); its ledger entry ends this stream.
+            if not handle.finished:
+                handle.trajectory = None
+                handle.state = session_service_pb2.SESSION_STATE_PENDING
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
         finally:
             self.running.pop(session.session_id, None)
-            self._slots.release()
+        self.sessions_finished += 1
+        await handle.finish(result)
+
+    def _done(
+        self, sid: str, run_id: str, record: Record, result: session_service_pb2.SessionResult
+    ) -> orchestrator_pb2.SessionDone:
+        return orchestrator_pb2.SessionDone(
+            session_id=sid,
+            run_id=run_id,
+            group_id=self.config.group_id,
+            tasks_partition=record.partition,
+            tasks_offset=record.offset,
+            result=result,
+            trajectory_id=sid,
+            producer=self.instance,
+        )
+
+    def _fit(self, trajectory: trajectory_pb2.Trajectory) -> trajectory_pb2.Trajectory:
+        """``trajectory`` trimmed so its record (envelope and headers included) fits
+        ``PODIUM_MAX_TRAJECTORY_BYTES``."""
+        limit = self.config.max_trajectory_bytes
+        budget = limit
+        for _ in range(3):
+            fitted = fit_trajectory(trajectory, budget)
+            size = _record_size(self._trajectory_output(fitted))
+            if size <= limit:
+                break
+            budget -= size - limit + 1024
+        if fitted is not trajectory:
+            _log.warning(
+                "session %s: trajectory trimmed to fit %d bytes (%s)",
+                trajectory.session_id,
+                limit,
+                fitted.labels.get("trimmed", ""),
+            )
+        return fitted
+
+    def _trajectory_output(self, trajectory: trajectory_pb2.Trajectory) -> Output:
+        """The Trajectory record, with an event id stable per session so that consumers
+        dedupe a re-publication (e.g. a commit retried after an unconfirmed outcome)."""
+        sid = trajectory.session_id
+        _, value, headers = encode_record(
+            trajectory,
+            producer=self.instance,
+            key=sid,
+            idempotency_key=f"trajectory:{sid}",
+            event_id=f"trajectory:{sid}",
+        )
+        return Output(topics.TRAJECTORIES, value, sid, headers)
+
+    # ------------------------------------------------------------------ consumers
 
     async def _on_result(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
         result = unpack_as(envelope, subtask_pb2.SubtaskResult)
@@ -400,8 +608,19 @@ class OrchestratorApp:
         # event is still consumed (retrying a corrupt file would not make it load).
         await self.learned.on_policy_updated(unpack_as(envelope, reward_pb2.PolicyUpdated))
 
+    async def _on_ledger(self, done: orchestrator_pb2.SessionDone) -> None:
+        """A session ended somewhere: end its stream here too (a session run by another
+        replica, or one this replica lost to another), and remember its result."""
+        handle = self._register(SessionHandle(session_id=done.session_id, task=task_pb2.TaskSpec()))
+        await handle.finish(done.result)
+
     async def _on_score(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
         scored = unpack_as(envelope, reward_pb2.ScoredTrajectory)
         handle = self.handles.get(scored.trajectory.session_id)
         if handle is not None and handle.result is not None:
             handle.result.score.CopyFrom(scored)
+
+
+def _record_size(out: Output) -> int:
+    """Bytes a record takes against the broker's limit: value, key and headers."""
+    return len(out.value) + len(out.key.encode()) + sum(len(k) + len(v) for k, v in out.headers)

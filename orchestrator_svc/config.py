@@ -8,13 +8,29 @@ from podium.config import ServiceConfig, env, port, positive_float, positive_int
 from podium.errors import ConfigError
 from podium.serving.endpoint import LOCAL, parse_backend, policy_backend
 
+BROKER_MESSAGE_BYTES = 1_000_000
+"""The broker's message limit this service plans for: Kafka's default ``message.max.bytes``
+(1048588) and producer ``max.request.size`` (1 MiB), rounded down for envelope headroom."""
+
+
+def _check_task_limit(max_task_bytes: int) -> None:
+    """Refuse a task limit whose gRPC receive limit (twice it) the broker could not carry."""
+    if 2 * max_task_bytes > BROKER_MESSAGE_BYTES:
+        raise ConfigError(
+            f"PODIUM_MAX_TASK_BYTES={max_task_bytes} is too large: gRPC accepts twice it, which "
+            f"must stay within the broker's message limit of {BROKER_MESSAGE_BYTES} bytes "
+            f"(at most {BROKER_MESSAGE_BYTES // 2})"
+        )
+
 
 @dataclass(frozen=True)
 class OrchestratorConfig(ServiceConfig):
     """orchestrator_svc settings (plus the shared ones of :class:`podium.config.ServiceConfig`)."""
 
     group_id: str = env("PODIUM_GROUP_ID", default="orchestrator")
-    """Prefix of the consumer groups (``<id>.tasks``, ``<id>.results``, ``<id>.scores``)."""
+    """Prefix of the consumer groups: ``<id>.tasks`` (shared by the replicas, which own sessions
+    by tasks partition; also the transactional-id prefix), and per replica
+    ``<id>.results.<instance>``, ``<id>.scores.<instance>``, ``<id>.ledger.<instance>``."""
     grpc_host: str = env("PODIUM_GRPC_HOST", default="0.0.0.0")
     """Address the SessionService listens on (0.0.0.0 in a container, 127.0.0.1 locally)."""
     grpc_port: int = env("PODIUM_GRPC_PORT", default=50051, parse=port)
@@ -22,7 +38,22 @@ class OrchestratorConfig(ServiceConfig):
     grpc_max_message_bytes: int = env(
         "PODIUM_GRPC_MAX_MESSAGE_BYTES", default=4 * 1024 * 1024, parse=positive_int
     )
-    """Largest gRPC message accepted or sent; bigger task specs are rejected by gRPC itself."""
+    """Largest gRPC message sent (GetSession and StreamSession replies). What gRPC *accepts*
+    is not set here but derived from the task limits: :attr:`grpc_max_receive_bytes`."""
+    max_task_bytes: int = env("PODIUM_MAX_TASK_BYTES", default=256 * 1024, parse=positive_int)
+    """Largest SubmitTask request (serialised, text or message), checked before the spec is
+    parsed; also the most a text spec may stand for once its YAML aliases are expanded. Well
+    under the broker's message limit: the task travels in TaskSubmitted and again in the
+    session's Trajectory. At most half of :data:`BROKER_MESSAGE_BYTES`."""
+    max_subtasks: int = env("PODIUM_MAX_SUBTASKS", default=256, parse=positive_int)
+    """Most subtasks a submitted task may have, checked before the spec is validated (a
+    session's decisions, trajectory and planning cost all grow with it)."""
+    max_pending_specs: int = env("PODIUM_MAX_PENDING_SPECS", default=32, parse=positive_int)
+    """Text specs waiting for or in the parser threads at once; beyond it SubmitTask fails
+    RESOURCE_EXHAUSTED naming this setting (bounds what a flood of maximal specs holds)."""
+    grpc_reflection: bool = env("PODIUM_GRPC_REFLECTION", default=False)
+    """Serve gRPC server reflection (lets ``grpcurl`` list and describe the API). Off by
+    default: it hands the whole contract to anyone who can reach the port."""
     pool_spec: str = env("PODIUM_POOL_SPEC", default="")
     """Pool spec file (JSON/YAML) the scheduler plans for; empty = the shipped default.
     Must be the same pool subagent_svc simulates."""
@@ -41,6 +72,10 @@ class OrchestratorConfig(ServiceConfig):
     ``v2://HOST:PORT``: a KServe-V2 gRPC server (Triton, or MLServer on CPU machines) serving
     the model repository the learner exports into; each announced version is verified against
     its ``onnx_sha256`` and loaded through the repository API (docs/serving.md)."""
+    policy_trusted_keys: str = env("PODIUM_POLICY_TRUSTED_KEYS", default="")
+    """Learned policy (required with it): the Ed25519 public keys whose signed ``PolicyUpdated``
+    announcements are served, comma-separated PEM files or directories (a mounted Secret);
+    several during a key rotation. Make a pair with ``podium keys generate --out DIR``."""
     serving_timeout_s: float = env("PODIUM_SERVING_TIMEOUT_S", default=5.0, parse=positive_float)
     """Served backend: deadline of one inference call, in seconds."""
     serving_ready_timeout_s: float = env(
@@ -55,9 +90,32 @@ class OrchestratorConfig(ServiceConfig):
     """Decisions after which a session is ended as a loop, whatever the policy does."""
     keep_sessions: int = env("PODIUM_KEEP_SESSIONS", default=10_000, parse=positive_int)
     """Finished sessions kept in memory for GetSession / StreamSession (oldest dropped)."""
+    max_open_sessions: int = env("PODIUM_MAX_OPEN_SESSIONS", default=256, parse=positive_int)
+    """Admission control: sessions accepted by this replica's SubmitTask and not yet ended;
+    beyond it SubmitTask fails RESOURCE_EXHAUSTED naming this setting (instead of queueing
+    without bound)."""
+    max_trajectory_bytes: int = env(
+        "PODIUM_MAX_TRAJECTORY_BYTES", default=900 * 1024, parse=positive_int
+    )
+    """Largest Trajectory record written, envelope included; keep it below the broker's
+    message.max.bytes (1 MiB by default). A larger trajectory is trimmed to fit (observation
+    tensors first, then execution contexts, then decisions) and labelled ``trimmed``."""
+
+    @property
+    def grpc_max_receive_bytes(self) -> int:
+        """What gRPC accepts: twice :attr:`max_task_bytes`, so a request somewhat over the
+        task limit is still read and answered INVALID_ARGUMENT naming the setting, while
+        gRPC itself refuses (RESOURCE_EXHAUSTED) anything the broker could not carry."""
+        return 2 * self.max_task_bytes
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _check_task_limit(self.max_task_bytes)
+        if self.max_trajectory_bytes > BROKER_MESSAGE_BYTES:
+            raise ConfigError(
+                f"PODIUM_MAX_TRAJECTORY_BYTES={self.max_trajectory_bytes} is over the broker's "
+                f"message limit of {BROKER_MESSAGE_BYTES} bytes: trajectories would be refused"
+            )
         # Also for configs built in code, which skip the variable's parse function.
         if parse_backend(self.policy_backend) is not None and self.policy != "learned":
             raise ConfigError(

@@ -1,37 +1,69 @@
-"""The gRPC face of the orchestrator: SessionService, health and reflection on one grpc.aio server.
+"""The gRPC face of the orchestrator: SessionService, health and (opt-in) reflection on one
+grpc.aio server.
 
 Errors are gRPC statuses with a message that names the problem: an invalid task spec is
 ``INVALID_ARGUMENT`` whose details name the field (also sent as the ``podium-field`` trailing
 metadata entry so clients can act on it without parsing text); an unknown session is
 ``NOT_FOUND``. Deadlines are honoured: SubmitTask gives up with ``DEADLINE_EXCEEDED`` when
-publishing outlasts the caller's deadline, and streams end when the caller's deadline passes
-(gRPC cancels the handler).
+parsing and publishing outlast the caller's deadline, and streams end when the caller's
+deadline passes (gRPC cancels the handler).
+
+The edge is hardened (issue 12): gRPC accepts at most twice ``PODIUM_MAX_TASK_BYTES``
+(so never more than the broker carries); a request over ``PODIUM_MAX_TASK_BYTES`` or with more
+than ``PODIUM_MAX_SUBTASKS`` subtasks is ``INVALID_ARGUMENT`` naming the setting before the
+spec is parsed; specs are parsed in :class:`~orchestrator_svc.specs.SpecWorkers` processes, off
+the event loop; request bytes are decoded in the handlers (the methods are registered with
+no deserializer), so undecodable bytes are ``INVALID_ARGUMENT`` rather than gRPC's
+``UNKNOWN``; a reached capacity limit (:class:`~podium.errors.AdmissionError`) is
+``RESOURCE_EXHAUSTED`` naming the limit, also sent as ``podium-limit`` trailing metadata.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError as _PbDecodeError
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from orchestrator_svc.config import OrchestratorConfig
 from orchestrator_svc.session import SessionHandle
-from podium.errors import BusError, SpecError
+from orchestrator_svc.specs import (
+    TEXT_FIELD,
+    SpecWorkers,
+    TaskLimits,
+    check_request_size,
+)
+from podium.envs.swarm.spec import PoolSpec
+from podium.envs.swarm.trajectory import task_to_proto
+from podium.errors import AdmissionError, BusError, DecodeError, SpecError
 from podium.service import health_status
 from podium.telemetry import TracingServerInterceptor
-from podium.v1 import reward_pb2, session_service_pb2, session_service_pb2_grpc, task_pb2
+from podium.v1 import reward_pb2, session_service_pb2, task_pb2
 
 _log = logging.getLogger(__name__)
 
 FIELD_METADATA_KEY = "podium-field"
 """Trailing metadata key naming the offending field of an INVALID_ARGUMENT."""
 
-SERVICE_NAME = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
+LIMIT_METADATA_KEY = "podium-limit"
+"""Trailing metadata key naming the setting whose limit a RESOURCE_EXHAUSTED hit."""
+
+REQUEST_FIELD = "request"
+"""Field named when the request as a whole could not be decoded."""
+
+_SERVICE = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"]
+
+M = TypeVar("M", bound=Message)
+
+SERVICE_NAME = _SERVICE.full_name
 """``podium.v1.SessionService``: the name health checks and reflection use."""
 
 
@@ -41,7 +73,9 @@ class SessionBackend(Protocol):
     async def submit(
         self, request: session_service_pb2.SubmitTaskRequest, submitted_by: str
     ) -> str:
-        """Validate and publish a task; returns the session id (raises SpecError / BusError)."""
+        """Validate and publish a task; returns the session id (raises SpecError /
+        AdmissionError / BusError). The servicer hands over requests whose task has been
+        checked against the limits and parsed already, as a ``task`` message."""
         ...
 
     def session(self, session_id: str) -> SessionHandle | None:
@@ -53,11 +87,12 @@ class SessionBackend(Protocol):
         ...
 
 
-class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):  # type: ignore[misc]
-    """SessionService over a :class:`SessionBackend`."""
+class SessionServicer:
+    """SessionService over a :class:`SessionBackend`; specs are parsed by ``specs``."""
 
-    def __init__(self, backend: SessionBackend) -> None:
+    def __init__(self, backend: SessionBackend, specs: SpecWorkers) -> None:
         self.backend = backend
+        self.specs = specs
 
     async def SubmitTask(
         self,
@@ -67,7 +102,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):  # type:
         peer = context.peer() or "grpc"
         remaining = context.time_remaining()
         try:
-            submit = self.backend.submit(request, submitted_by=f"grpc:{peer}")
+            submit = self._submit(request, submitted_by=f"grpc:{peer}")
             if remaining is not None:
                 session_id = await asyncio.wait_for(submit, remaining)
             else:
@@ -78,6 +113,8 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):  # type:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"invalid task spec (field {field}): {exc}"
             )
+        except AdmissionError as exc:
+            await _abort_exhausted(context, exc)
         except TimeoutError:
             await context.abort(
                 grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before the task was accepted"
@@ -85,6 +122,20 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):  # type:
         except BusError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"event bus unavailable: {exc}")
         return session_service_pb2.SubmitTaskResponse(session_id=session_id)
+
+    async def _submit(
+        self, request: session_service_pb2.SubmitTaskRequest, submitted_by: str
+    ) -> str:
+        """Size check, then parse in a worker process, then hand the backend the parsed task
+        as a message, so nothing costly is parsed on the event loop."""
+        field = TEXT_FIELD if request.task_spec_text else "task"
+        check_request_size(request.ByteSize(), self.specs.limits, field=field)
+        task = await self.specs.validate(message=task_message(request), text=request.task_spec_text)
+        parsed = session_service_pb2.SubmitTaskRequest()
+        parsed.CopyFrom(request)
+        parsed.ClearField("task_spec_text")
+        parsed.task.CopyFrom(task_to_proto(task))
+        return await self.backend.submit(parsed, submitted_by=submitted_by)
 
     async def StreamSession(
         self,
@@ -144,39 +195,104 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):  # type:
         return handle
 
 
+async def _abort_exhausted(context: grpc.aio.ServicerContext, exc: AdmissionError) -> None:
+    """RESOURCE_EXHAUSTED naming the limit (in the message and as ``podium-limit``)."""
+    if exc.limit:
+        context.set_trailing_metadata(((LIMIT_METADATA_KEY, exc.limit),))
+    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"not admitted: {exc}")
+
+
+async def _decode(raw: bytes, cls: type[M], context: grpc.aio.ServicerContext) -> M:
+    """``raw`` as a ``cls``, or the call aborted INVALID_ARGUMENT naming the problem."""
+    request = cls()
+    try:
+        try:
+            request.ParseFromString(raw)
+        except _PbDecodeError as exc:
+            raise DecodeError(
+                f"malformed protobuf: {len(raw)} bytes are not a {cls.DESCRIPTOR.full_name} ({exc})"
+            ) from exc
+    except DecodeError as exc:
+        context.set_trailing_metadata(((FIELD_METADATA_KEY, REQUEST_FIELD),))
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable request: {exc}")
+    return request
+
+
+Unary = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]
+Streaming = Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Message]]
+
+
+def _unary(behaviour: Unary, cls: type[Message], reply: type[Message]) -> grpc.RpcMethodHandler:
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
+        return await behaviour(await _decode(raw, cls, context), context)
+
+    return grpc.unary_unary_rpc_method_handler(handle, response_serializer=reply.SerializeToString)
+
+
+def _streaming(
+    behaviour: Streaming, cls: type[Message], reply: type[Message]
+) -> grpc.RpcMethodHandler:
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
+        async for item in behaviour(await _decode(raw, cls, context), context):
+            yield item
+
+    return grpc.unary_stream_rpc_method_handler(handle, response_serializer=reply.SerializeToString)
+
+
+def service_handler(servicer: SessionServicer) -> grpc.GenericRpcHandler:
+    """SessionService's methods with no request deserializer: each handler decodes its own
+    bytes (:func:`_decode`), because a deserializer that raises makes gRPC answer UNKNOWN.
+
+    Methods come from the contract's descriptor; one the servicer does not implement is left
+    out, so gRPC answers UNIMPLEMENTED for it.
+    """
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in _SERVICE.methods:
+        behaviour = getattr(servicer, method.name, None)
+        cls = getattr(session_service_pb2, method.input_type.name)
+        reply = getattr(session_service_pb2, method.output_type.name)
+        if method.server_streaming and inspect.isasyncgenfunction(behaviour):
+            handlers[method.name] = _streaming(behaviour, cls, reply)
+        elif not method.server_streaming and inspect.iscoroutinefunction(behaviour):
+            handlers[method.name] = _unary(behaviour, cls, reply)
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
 class GrpcServer:
-    """The orchestrator's grpc.aio server: SessionService + health + reflection + tracing."""
+    """The orchestrator's grpc.aio server: SessionService + health + tracing, reflection when
+    ``PODIUM_GRPC_REFLECTION`` is on; specs are checked against ``pool``."""
 
     def __init__(
         self,
         backend: SessionBackend,
+        config: OrchestratorConfig,
         *,
-        host: str,
-        port: int,
-        max_message_bytes: int,
+        pool: PoolSpec,
         interceptor: TracingServerInterceptor | None = None,
     ) -> None:
         options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", config.grpc_max_receive_bytes),
+            ("grpc.max_send_message_length", config.grpc_max_message_bytes),
         ]
         self.server = grpc.aio.server(
             interceptors=[interceptor] if interceptor is not None else None, options=options
         )
-        session_service_pb2_grpc.add_SessionServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            SessionServicer(backend), self.server
+        self.specs = SpecWorkers(pool, TaskLimits.of(config), max_pending=config.max_pending_specs)
+        self.server.add_generic_rpc_handlers(
+            (service_handler(SessionServicer(backend, self.specs)),)
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            self.server,
-        )
-        self.address = f"{host}:{port}"
+        if config.grpc_reflection:
+            reflection.enable_server_reflection(
+                (
+                    SERVICE_NAME,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME,
+                ),
+                self.server,
+            )
+        self.address = f"{config.grpc_host}:{config.grpc_port}"
         self.port = 0
 
     async def start(self) -> int:
@@ -198,6 +314,7 @@ class GrpcServer:
         """NOT_SERVING first (so load balancers drain), then stop with a grace period."""
         await self.set_serving(False)
         await self.server.stop(grace_s)
+        self.specs.close()
 
 
 def task_message(request: session_service_pb2.SubmitTaskRequest) -> task_pb2.TaskSpec | None:

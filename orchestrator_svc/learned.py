@@ -29,6 +29,11 @@ version goes live only once the server has loaded its verified ONNX export
 (:meth:`LearnedPolicySource.on_policy_updated`), and sessions get a
 :class:`SessionServedPolicy`, which decides as the local one does from the server's logits but
 follows the server's version from decision to decision (see its docstring; docs/serving.md).
+
+Either way a version is admitted only from a signed announcement
+(:mod:`podium.policy.signing`): hashed, signed by a key in ``PODIUM_POLICY_TRUSTED_KEYS`` over
+model, version and hashes, and newer than the serving version. A refused announcement is
+logged with its reason, the previous version keeps serving, and the event is consumed.
 """
 
 from __future__ import annotations
@@ -54,7 +59,9 @@ from podium.policy.artifacts import LoadedWeights, load_weights, path_from_uri
 from podium.policy.decisions import EpisodeRecorder
 from podium.policy.holder import PolicyHolder, Served
 from podium.policy.network import SwarmPolicyNet
+from podium.policy.signing import OUT_OF_SEQUENCE, RefusedAnnouncement, TrustedKeys
 from podium.policy.swarm import MODEL_NAME, build_swarm_policy
+from podium.policy.versions import is_version_number
 from podium.serving.contract import PolicyInputs, PolicyOutputs
 from podium.v1 import reward_pb2, task_pb2
 
@@ -217,7 +224,7 @@ class SessionServedPolicy(SessionLearnedPolicy):
         return PolicyInputs(features, present, globals_, trimmed)
 
     def _choose(self, agent: SwarmAgent, out: PolicyOutputs, n: int) -> ActResult:
-        if not out.version.isdigit():
+        if not is_version_number(out.version):
             raise ProcessingError(
                 f"policy server answered with model version {out.version!r}, not a number"
             )
@@ -264,17 +271,20 @@ class LearnedPolicySource:
         agents: tuple[str, ...],
         *,
         default_max_subtasks: int = 64,
+        trusted: TrustedKeys,
         sample_prefixes: tuple[str, ...] = ("trainer",),
         backend: ServedPolicy | None = None,
     ) -> None:
-        """``backend`` None: decisions run in this process (torch); else on that server."""
+        """``trusted``: the keys announcements must be signed by (``PODIUM_POLICY_TRUSTED_KEYS``,
+        :meth:`TrustedKeys.load`). ``backend`` None: decisions run in this process (torch);
+        else on that server."""
         self.agents = agents
         self.default_max_subtasks = default_max_subtasks
         self.sample_prefixes = sample_prefixes
         self.backend = backend
         """The served backend (``PODIUM_POLICY_BACKEND=v2://...``), None for local torch."""
         self.cold_start: SchedulingPolicy = baselines.make_policy(COLD_START_RULE)
-        self.holder: PolicyHolder[SwarmPolicy] = PolicyHolder(self._build)
+        self.holder: PolicyHolder[SwarmPolicy] = PolicyHolder(self._build, trusted)
 
     def _build(self, weights: LoadedWeights) -> SwarmPolicy:
         net, agents = build_swarm_policy(weights)
@@ -285,7 +295,7 @@ class LearnedPolicySource:
                 f"has {list(self.agents)}"
             )
         raw = weights.metadata.get(MAX_SUBTASKS_KEY, "")
-        if raw and not raw.isdigit():
+        if raw and not is_version_number(raw):
             raise ArtifactError(
                 f"{weights.path}: metadata {MAX_SUBTASKS_KEY}={raw!r} is not a count"
             )
@@ -323,36 +333,50 @@ class LearnedPolicySource:
         if await self.holder.on_policy_updated(event):
             _log.info("serving %s v%d (%s)", MODEL_NAME, event.version, event.uri)
             return True
-        if self.holder.version is not None and event.version <= self.holder.version:
-            return False  # a late or duplicate announcement: nothing to do
-        _log.error("rejected %s v%d: %s", MODEL_NAME, event.version, self.holder.last_error)
+        self._log_refusal(event)
         return False
+
+    def _log_refusal(self, event: reward_pb2.PolicyUpdated) -> None:
+        """One line naming why ``event`` was refused and which version keeps serving.
+
+        A re-announcement of the serving version (a restarted learner) is routine (info); an
+        older version is worth a warning; anything else (unsigned, forged, hashless, a file
+        that does not match its signed hash) is an error an operator must look at.
+        """
+        err = self.holder.last_error
+        serving = self.holder.version
+        keeps = f"v{serving} keeps serving" if serving is not None else "cpls keeps deciding"
+        if isinstance(err, RefusedAnnouncement):
+            why = str(err)  # already "refused <model> v<N>: <reason>"
+        else:
+            why = f"refused {MODEL_NAME} v{event.version}: {err}"
+        level = logging.ERROR
+        if isinstance(err, RefusedAnnouncement) and err.reason == OUT_OF_SEQUENCE:
+            level = logging.INFO if event.version == serving else logging.WARNING
+        _log.log(level, "%s; %s", why, keeps)
 
     async def _go_live_served(self, event: reward_pb2.PolicyUpdated, backend: ServedPolicy) -> bool:
         """Served backend: make ``event``'s version live on the server, then for new sessions.
 
         Everything that can reject the version happens before anything changes: the weights
         file is verified and its metadata checked (agents, S: the featurisation sessions use),
-        the ONNX file is checked against the announced ``onnx_sha256``, and the server loads it
+        the ONNX file is checked against the signed ``onnx_sha256``, and the server loads it
         through the repository API (a load that fails leaves the previous version serving).
         Only then do new sessions get the new snapshot. A retriable server error (unavailable,
         deadline) is raised, so the consumer retries the event; a rejected version is logged,
         kept in ``holder.last_error``, and the event consumed.
         """
         version = int(event.version)
-        current = self.holder.version
-        if current is not None and version <= current:
-            return False  # a late or duplicate announcement: nothing to do
         try:
+            self.holder.admit(event)  # signed, hashed, newer: before any file is touched
             if not event.onnx_uri or not event.onnx_sha256:
                 raise ArtifactError(
                     f"{MODEL_NAME} v{version} was announced without an ONNX export (onnx_uri / "
                     "onnx_sha256 empty), which a served backend needs; set "
                     "PODIUM_MODEL_REPOSITORY for the learner"
                 )
-            weights = await asyncio.to_thread(
-                load_weights, path_from_uri(event.uri), event.sha256 or None
-            )
+            # The signed hash, never the sidecar (admit() refused an empty one).
+            weights = await asyncio.to_thread(load_weights, path_from_uri(event.uri), event.sha256)
             try:
                 policy = self._build(weights)
             except ArtifactError:
@@ -366,7 +390,7 @@ class LearnedPolicySource:
             if exc.retriable:
                 raise
             self.holder.last_error = exc
-            _log.error("rejected %s v%d: %s", MODEL_NAME, version, exc)
+            self._log_refusal(event)
             return False
         self.holder.publish(Served(version, policy, weights.sha256, str(weights.path)))
         _log.info("serving %s v%s on %s (%s)", MODEL_NAME, live, backend.url, event.onnx_uri)

@@ -52,14 +52,22 @@ from podium.envs.swarm.trajectory import (
     episode_trajectory,
     execution_context,
 )
-from podium.errors import PodiumError
+from podium.errors import BusError, PodiumError
 from podium.policy.decisions import EpisodeRecorder
 from podium.v1 import session_service_pb2 as ss_pb2
 from podium.v1 import subtask_pb2, task_pb2, trajectory_pb2
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["ENV_NAME", "BusSimulator", "Session", "SessionHandle", "SessionSettings"]
+__all__ = [
+    "ENV_NAME",
+    "BusSimulator",
+    "Session",
+    "SessionHandle",
+    "SessionSettings",
+    "failed_result",
+    "failed_trajectory",
+]
 
 
 class SessionTimeout(PodiumError):
@@ -157,7 +165,10 @@ class SessionHandle:
             self._changed.notify_all()
 
     async def finish(self, result: ss_pb2.SessionResult) -> None:
-        """Record the outcome and emit it as the last event."""
+        """Record the outcome and emit it as the last event (once: a session may be ended by
+        its run and by the ledger entry of that run, whichever comes first)."""
+        if self.finished:
+            return
         self.result = result
         self.state = result.state
         await self.emit(result=result)
@@ -266,7 +277,8 @@ class Session:
         if not execution_id.startswith(prefix):
             return None
         tail = execution_id[len(prefix) :]
-        return int(tail) if tail.isdigit() else None
+        # Off the bus: '²'.isdigit() is True but int('²') raises; a bare ASCII count or None.
+        return int(tail) if tail.isascii() and tail.isdigit() and len(tail) <= 18 else None
 
     # ----------------------------------------------------------------- results in
 
@@ -297,37 +309,47 @@ class Session:
     # ----------------------------------------------------------------- the loop
 
     async def run(self) -> trajectory_pb2.Trajectory:
-        """Run the session to its end and publish its trajectory; returns it."""
+        """Run the session to its end; returns its trajectory (not published: the app
+        publishes it with the session's offset commit, see :mod:`orchestrator_svc.intake`).
+
+        Every end gives a trajectory: a timeout or a crash of the session's own code ends it
+        as not completed, with the reason in the ``end_reason`` label.
+        """
         started_at = datetime.now(UTC)
+        truncated = False
         with self.tracer.start_as_current_span(
             "session", attributes={"podium.session_id": self.session_id}
         ):
-            self.env.reset(seed=self.seed & 0xFFFFFFFF, options={"task": self.task})
-            # Swap the executor: same fresh state, outcomes from the bus (see module doc).
-            self.env.use_simulator(self.sim)
-            self.handle.state = ss_pb2.SESSION_STATE_RUNNING
-            terminated = truncated = False
             try:
-                while not (terminated or truncated):
-                    await self._await_running()
-                    terminated, truncated = await self._decide()
-                if self.sim.state.loop_detected:
-                    self.end_reason = self.sim.state.loop_reason
-                elif truncated:
-                    self.end_reason = f"truncated after {len(self.decisions)} decisions"
+                truncated = await self._loop()
             except SessionTimeout as exc:
                 self.end_reason = f"timeout: {exc}"
                 _log.warning("session %s: %s", self.session_id, exc)
-            trajectory = self._trajectory(started_at, truncated)
-            await self.publisher.publish(
-                topics.TRAJECTORIES,
-                trajectory,
-                key=self.session_id,
-                idempotency_key=f"trajectory:{self.session_id}",
-            )
-            await self.handle.finish(self._result(trajectory))
-            self.handle.trajectory = trajectory
-            return trajectory
+            except Exception as exc:  # a bug or bad data must still end the session
+                self.end_reason = f"crashed: {type(exc).__name__}: {exc}"[:2000]
+                _log.exception("session %s crashed", self.session_id)
+            try:
+                return self._trajectory(started_at, truncated)
+            except Exception as exc:
+                _log.exception("session %s: trajectory could not be built", self.session_id)
+                reason = f"crashed: {type(exc).__name__}: {exc}"[:2000]
+                return failed_trajectory(self.submitted, self.end_reason or reason)
+
+    async def _loop(self) -> bool:
+        """Decide until the episode ends; whether it was truncated."""
+        self.env.reset(seed=self.seed & 0xFFFFFFFF, options={"task": self.task})
+        # Swap the executor: same fresh state, outcomes from the bus (see module doc).
+        self.env.use_simulator(self.sim)
+        self.handle.state = ss_pb2.SESSION_STATE_RUNNING
+        terminated = truncated = False
+        while not (terminated or truncated):
+            await self._await_running()
+            terminated, truncated = await self._decide()
+        if self.sim.state.loop_detected:
+            self.end_reason = self.sim.state.loop_reason
+        elif truncated:
+            self.end_reason = f"truncated after {len(self.decisions)} decisions"
+        return truncated
 
     async def _decide(self) -> tuple[bool, bool]:
         """One decision: ask the policy, apply it, stream it; (terminated, truncated)."""
@@ -393,12 +415,7 @@ class Session:
             # spread over the worker group) nor by agent kind (a handful of agent names hash
             # onto few partitions and leave workers idle; per-kind worker pools would use
             # per-kind topics instead).
-            await self.publisher.publish(
-                topics.SUBTASKS_ASSIGNED,
-                assigned,
-                key=assigned.execution_id,
-                idempotency_key=assigned.execution_id,
-            )
+            await self._publish_assignment(assigned)
             await self.handle.emit(
                 subagent_started=ss_pb2.SubagentStarted(
                     execution_id=assigned.execution_id,
@@ -411,6 +428,31 @@ class Session:
                 f"  t={rec.start:6.2f}  {assigned.subtask_id} -> {assigned.agent} "
                 f"(attempt {rec.attempt}, context: {len(deps)} dependency outputs)"
             )
+
+    async def _publish_assignment(self, assigned: subtask_pb2.SubtaskAssigned) -> None:
+        """Publish ``assigned``, retrying transient broker errors for up to the result
+        timeout (a broker stall delays the session rather than failing it)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.result_timeout_s
+        delay = 0.1
+        while True:
+            try:
+                await self.publisher.publish(
+                    topics.SUBTASKS_ASSIGNED,
+                    assigned,
+                    key=assigned.execution_id,
+                    idempotency_key=assigned.execution_id,
+                    # Stable: a retry after an unconfirmed send is the same event to dedupe.
+                    event_id=f"assigned:{assigned.execution_id}",
+                )
+                return
+            except BusError as exc:
+                if not exc.retriable or loop.time() + delay > deadline:
+                    raise SessionTimeout(
+                        f"could not publish {assigned.execution_id}: {exc}"
+                    ) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     # ----------------------------------------------------------------- output
 
@@ -473,13 +515,15 @@ class Session:
             return self.policy.training_record(self.rewards)
         return TrainingRecord(self.policy.version)
 
-    def _result(self, traj: trajectory_pb2.Trajectory) -> ss_pb2.SessionResult:
+    def result(self, traj: trajectory_pb2.Trajectory) -> ss_pb2.SessionResult:
+        """The terminal result of the session whose (published) trajectory is ``traj``."""
         state = self.sim.state
         ok = traj.completed
+        ratio = traj.latency / traj.lower_bound if traj.lower_bound > 0 else float("nan")
         summary = (
             f"{self.task.name}: {'completed' if ok else 'not completed'} "
             f"{state.done_slots}/{state.num_slots} subtasks in {traj.latency:.2f} "
-            f"(lower bound {traj.lower_bound:.2f}, ratio {traj.latency / traj.lower_bound:.2f}), "
+            f"(lower bound {traj.lower_bound:.2f}, ratio {ratio:.2f}), "
             f"{len(traj.decisions)} decisions, {len(traj.executions)} executions, "
             f"peak parallelism {self.peak_parallel}"
             + (f"; {self.end_reason}" if self.end_reason else "")
@@ -496,3 +540,30 @@ class Session:
             peak_parallelism=self.peak_parallel,
             summary=summary,
         )
+
+
+def failed_trajectory(submitted: task_pb2.TaskSubmitted, reason: str) -> trajectory_pb2.Trajectory:
+    """The trajectory of a session that could not run (invalid task) or whose trajectory
+    could not be built: no decisions, not completed, ``reason`` as its ``end_reason``."""
+    traj = trajectory_pb2.Trajectory(
+        trajectory_id=submitted.session_id,
+        session_id=submitted.session_id,
+        env=ENV_NAME,
+        task=submitted.task,
+        completed=False,
+    )
+    traj.labels["end_reason"] = reason
+    traj.labels["submitted_by"] = submitted.submitted_by
+    now = datetime.now(UTC)
+    traj.started_at.FromDatetime(now)
+    traj.ended_at.FromDatetime(now)
+    return traj
+
+
+def failed_result(submitted: task_pb2.TaskSubmitted, reason: str) -> ss_pb2.SessionResult:
+    """The terminal result of a session that could not run."""
+    return ss_pb2.SessionResult(
+        state=ss_pb2.SESSION_STATE_FAILED,
+        total_subtasks=len(submitted.task.subtasks),
+        summary=f"{submitted.task.name or submitted.session_id}: not run: {reason}",
+    )

@@ -20,7 +20,14 @@ from google.protobuf.message import DecodeError as _PbDecodeError
 from google.protobuf.message import Message
 
 from podium.errors import DecodeError
-from podium.v1 import envelope_pb2, reward_pb2, subtask_pb2, task_pb2, trajectory_pb2
+from podium.v1 import (
+    envelope_pb2,
+    orchestrator_pb2,
+    reward_pb2,
+    subtask_pb2,
+    task_pb2,
+    trajectory_pb2,
+)
 
 SCHEMA_VERSION = 1
 """Schema version stamped on every envelope this code writes."""
@@ -37,6 +44,7 @@ _REGISTRY: dict[str, type[Message]] = {
         reward_pb2.ScoredTrajectory,
         reward_pb2.PolicyUpdated,
         reward_pb2.Feedback,
+        orchestrator_pb2.SessionDone,
     )
 }
 """Event payload types Podium knows, by fully qualified name."""

@@ -198,6 +198,12 @@ def _field_doc(cls: type[Any], name: str) -> str:
 # --- parsers shared by the services ------------------------------------------------------
 
 
+def is_port(text: str) -> bool:
+    """Whether ``text`` is a TCP port, 1-65535, in ASCII digits (``str.isdigit`` alone also
+    accepts ``"²"``, on which ``int`` raises)."""
+    return 0 < len(text) <= 5 and text.isascii() and text.isdigit() and 0 < int(text) < 65536
+
+
 def positive_int(raw: str) -> int:
     """An integer > 0."""
     value = convert(raw, int)
@@ -248,7 +254,7 @@ def parse_bus_url(raw: str) -> str:
         raise ValueError("no broker address after kafka://")
     for hostport in hosts:
         host, sep, p = hostport.rpartition(":")
-        if not sep or not host or not p.isdigit() or not 0 < int(p) < 65536:
+        if not sep or not host or not is_port(p):
             raise ValueError(f"broker address {hostport!r} is not HOST:PORT")
     KafkaConfig.from_url(url)  # checks ?option=value settings (raises ConfigError)
     return url

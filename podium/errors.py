@@ -48,3 +48,17 @@ class ProcessingError(PodiumError):
 
 class ArtifactError(PodiumError):
     """A weight or model file is missing, corrupt or fails its sha256 check."""
+
+
+class AdmissionError(PodiumError):
+    """A request was refused because a capacity limit is reached; ``limit`` names the setting.
+
+    Retriable: the same request may be admitted once sessions in flight have finished
+    (gRPC maps it to RESOURCE_EXHAUSTED).
+    """
+
+    retriable = True
+
+    def __init__(self, message: str, *, limit: str = "") -> None:
+        super().__init__(message)
+        self.limit = limit

@@ -18,6 +18,9 @@ POLICY_UPDATES: Final = "podium.policy.updates.v1"
 """PolicyUpdated: a new policy version (learner_svc -> orchestrator_svc)."""
 FEEDBACK: Final = "podium.feedback.v1"
 """Feedback: user feedback on sessions (orchestrator_svc)."""
+ORCHESTRATOR_SESSIONS: Final = "podium.orchestrator.sessions.v1"
+"""SessionDone ledger (compacted, key: session id; raw protobuf, no envelope): written with each
+session's Trajectory in one transaction, read on partition take-over (orchestrator_svc). Not in :data:`ALL`, whose topics carry envelopes."""
 
 DLQ_SUFFIX: Final = ".dlq"
 """Dead-letter topic of topic T is T + DLQ_SUFFIX."""

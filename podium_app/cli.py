@@ -52,6 +52,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "podium_app.commands.spec_check",
         "Validate task and pool spec files and print their lower bounds.",
     ),
+    "keys generate": (
+        "podium_app.commands.keys_generate",
+        "Make an Ed25519 key pair that signs policy announcements (learner: private, orchestrators: public).",
+    ),
     "kafka": (
         "podium_app.commands.kafka",
         "Fetch, start, stop a local single-node Apache Kafka broker (KRaft) for development.",
@@ -62,6 +66,7 @@ GROUP_HELP = {
     "bench": "Benchmarks: each measures against a peer or a bound in the same run.",
     "reward": "Reward service tools: explain and re-score.",
     "spec": "Task and pool spec tools.",
+    "keys": "Policy signing keys.",
 }
 
 

@@ -4,9 +4,13 @@ One loop for every bus: the scoring function (:func:`score_trajectory`) plugged 
 layer's consume-transform-produce primitive, :class:`podium.bus.Transformer`. Each batch of
 trajectories is one transaction: the scored trajectories (and the poison records, on the
 dead-letter topic) become visible together with the consumed offsets, or not at all. On
-``kafka://`` that is Kafka's exactly-once, with a transactional producer of its own per
-replica (fenced by ``PODIUM_REWARD_TRANSACTIONAL_ID``); on ``inproc://`` (``podium demo``,
-``podium train``, tests) the in-process twin gives the same visibility.
+``kafka://`` that is Kafka's exactly-once with one transactional id per input partition
+(``<PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX>.<topic>.<partition>``, the same for every
+replica): whichever replica owns a partition claims its id before reading its offset, which
+fences a zombie predecessor and ends what a crashed one left open. On ``inproc://``
+(``podium demo``, ``podium train``, tests) the in-process twin gives the same visibility.
+Broker stalls are retried with backoff; a trajectory whose scoring keeps failing goes to the
+dead-letter topic after ``PODIUM_REWARD_MAX_ATTEMPTS`` tries.
 
 A stop request lets the batch in hand finish (commit its transaction) within
 ``shutdown_timeout_s``; a batch cut off after that stays uncommitted and is scored again by
@@ -67,12 +71,13 @@ class RewardApp:
                 [config.in_topic],
                 config.group_id,
                 self._score,
-                transactional_id=config.transactional_id,
+                transactional_id_prefix=config.transactional_id_prefix,
                 producer_name=config.producer_name,
                 output_topics=[config.out_topic],
                 max_batch=config.max_batch,
                 poll_timeout_s=config.poll_timeout_ms / 1000,
                 partitions=config.topic_partitions,
+                max_attempts=config.max_attempts,
             )
         )
         """The consume-score-produce loop (its ``stats`` say what was committed)."""
@@ -92,14 +97,14 @@ class RewardApp:
         ]
 
     async def start(self) -> None:
-        """Create the topics, claim the transactional id, join the group, start the loop."""
+        """Create the topics, join the group (claiming its partitions), start the loop."""
         await self.shell.start()
         _log.info(
-            "%s: consuming %s as %s (transactional id %s), reward %s",
+            "%s: consuming %s as %s (transactional ids %s.*), reward %s",
             SERVICE,
             self.config.in_topic,
             self.config.group_id,
-            self.config.transactional_id,
+            self.config.transactional_id_prefix,
             self.reward.version,
         )
 
@@ -109,16 +114,18 @@ class RewardApp:
         _log.info("%s: stopped (%s)", SERVICE, self.transformer.stats)
 
     async def wait(self) -> None:
-        """Return when the loop ends by itself; raise if it failed. Being fenced is reported
-        as the deployment error it is."""
+        """Return when the loop ends by itself; raise if it failed. Losing every partition to
+        newer owners is reported by name."""
         try:
             await self.shell.wait()
         except TransactionFencedError as exc:
-            # Two live replicas share PODIUM_REWARD_TRANSACTIONAL_ID: a deployment error that
-            # must be visible (non-zero exit), not a quiet stop.
+            # Newer owners took over every partition this replica held: it was a zombie (it
+            # restarts and rejoins), or another group uses the same prefix on the same topic
+            # (a deployment error). Either way visible, as a non-zero exit.
             raise BusError(
-                f"fenced: another {SERVICE} instance took over transactional id "
-                f"{self.config.transactional_id!r} (PODIUM_REWARD_TRANSACTIONAL_ID must be "
-                "unique per replica)",
+                f"fenced: newer owners took over every partition of {SERVICE} group "
+                f"{self.config.group_id!r} this replica held (transactional ids "
+                f"{self.config.transactional_id_prefix!r}.*; PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX "
+                "must be the same for the replicas of one group and differ between groups)",
                 retriable=False,
             ) from exc

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 from dataclasses import dataclass
 
 from podium import topics
@@ -19,7 +18,7 @@ from podium.config import ServiceConfig, env, positive_int
 from podium.service import default_instance_name
 
 SERVICE = "reward_svc"
-"""Service name (logs, the default instance and transactional id)."""
+"""Service name (logs, the default instance and consumer group)."""
 
 
 def existing_file(raw: str) -> str:
@@ -52,21 +51,25 @@ def non_negative_int(raw: str) -> int:
 
 
 def not_blank(raw: str) -> str:
-    """A name that is not just whitespace (topic, group, transactional id)."""
+    """A name that is not just whitespace (topic, group, transactional id prefix)."""
     if not raw.strip():
         raise ValueError("must not be blank")
     return raw
 
 
-def default_transactional_id(instance: str) -> str:
-    """``reward_svc-<instance>``, or ``reward_svc-<host name>`` without an instance name.
+RETIRED_TRANSACTIONAL_ID = "PODIUM_REWARD_TRANSACTIONAL_ID"
+"""The per-replica transactional id of old; replaced by a per-group prefix."""
 
-    Unique per replica (on Kubernetes the host name is the pod name), so replicas never fence
-    each other; stable across restarts of a replica on the same host (or with the same
-    ``PODIUM_INSTANCE``), so a restart fences its previous incarnation and aborts the
-    transaction it left open.
-    """
-    return f"{SERVICE}-{instance or socket.gethostname()}"
+
+def retired_transactional_id(raw: str) -> str:
+    """Refuse the retired per-replica transactional id: taken as a prefix, a per-replica value
+    would stop replicas fencing each other, the very thing exactly-once needs."""
+    if raw:
+        raise ValueError(
+            "is no longer read: set PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX instead, the SAME "
+            "for every replica of the group (transactional ids are now per input partition)"
+        )
+    return raw
 
 
 @dataclass(frozen=True)
@@ -83,9 +86,21 @@ class RewardServiceConfig(ServiceConfig):
     """Where scored trajectories go."""
     group_id: str = env("PODIUM_REWARD_GROUP", default=SERVICE, parse=not_blank)
     """Consumer group shared by all replicas."""
-    transactional_id: str = env("PODIUM_REWARD_TRANSACTIONAL_ID", default="", parse=not_blank)
-    """Unique per live replica and stable across its restarts; empty = derived from the
-    instance or host name (:func:`default_transactional_id`)."""
+    transactional_id_prefix: str = env(
+        "PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX", default="", parse=not_blank
+    )
+    """Prefix of the per-input-partition transactional ids (``prefix.topic.partition``): the
+    same for every replica of the group and stable across restarts, so whichever replica owns
+    a partition next fences the one that owned it before; different between groups reading
+    the same topic. Empty = the group id."""
+    retired_transactional_id: str = env(
+        RETIRED_TRANSACTIONAL_ID, default="", parse=retired_transactional_id
+    )
+    """Always empty: setting the retired variable is a configuration error naming its
+    replacement."""
+    max_attempts: int = env("PODIUM_REWARD_MAX_ATTEMPTS", default=5, parse=positive_int)
+    """Tries of a trajectory whose scoring keeps failing with retriable errors before it goes
+    to the dead-letter topic with the error (poison never stops the service)."""
     max_batch: int = env("PODIUM_REWARD_MAX_BATCH", default=100, parse=positive_int)
     """Most records per transaction."""
     poll_timeout_ms: int = env("PODIUM_REWARD_POLL_MS", default=500, parse=positive_int)
@@ -99,9 +114,9 @@ class RewardServiceConfig(ServiceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.transactional_id:
+        if not self.transactional_id_prefix:
             # Resolved once, here, so every reader (the loop, the fencing message) agrees.
-            object.__setattr__(self, "transactional_id", default_transactional_id(self.instance))
+            object.__setattr__(self, "transactional_id_prefix", self.group_id)
 
     @property
     def producer_name(self) -> str:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Static checks: generated code is fresh, buf lint, ruff check, ruff format --check, mypy strict.
+# Static checks: buf lint, buf breaking, generated code is fresh, ruff check,
+# ruff format --check, mypy strict.
 # Expects the project's venv on PATH (scripts/test.sh puts it there).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,6 +15,18 @@ if [[ ! -x "$BUF" ]]; then
 fi
 echo "lint: buf lint" >&2
 (cd protos && "$BUF" lint)
+
+# The contract may only grow: buf breaking (FILE rules, protos/buf.yaml) against
+# protos/baseline.binpb, a committed buf image of the last released contract. A committed
+# image rather than `--against '.git#ref=...'`: it works in any fresh or shallow clone (CI
+# clones with --depth 1 have no older refs), in a source tarball and offline, and the
+# baseline moves only when a release says so, in a reviewed diff (comparing with the branch
+# itself would accept a break the moment it is committed). Additive changes (new fields,
+# messages, RPCs) pass; a removed, renumbered or retyped field fails. At a release, refresh:
+#   T=$(mktemp -d); git archive <release-ref> protos | tar -x -C "$T"
+#   (cd "$T/protos" && buf build --exclude-source-info -o "$ROOT/protos/baseline.binpb")
+echo "lint: buf breaking (against protos/baseline.binpb)" >&2
+(cd protos && "$BUF" breaking --against baseline.binpb)
 
 echo "lint: generated protobuf code is up to date" >&2
 TMP="$(mktemp -d)"

@@ -42,8 +42,12 @@ cleanup() {
   rm -rf "$KAFKA_DIR" "$PODIUM_V2_STATE" "$PODIUM_V2_REPOSITORY"
 }
 trap cleanup EXIT INT TERM
+# The broker serves clients only over TLS with SCRAM-SHA-512 and ACLs: start prints a kafka://
+# URL for its admin principal (PODIUM_KAFKA_BOOTSTRAP) and the password
+# (PODIUM_KAFKA_SASL_PASSWORD); each service's own credentials are in $KAFKA_DIR/credentials/.
+set -a
 eval "$(bash scripts/kafka.sh start --dir "$KAFKA_DIR")"
-export PODIUM_KAFKA_BOOTSTRAP
+set +a
 echo "test: Kafka at $PODIUM_KAFKA_BOOTSTRAP" >&2
 eval "$(bash scripts/v2server.sh start "$PODIUM_V2_REPOSITORY")"
 export PODIUM_V2_GRPC PODIUM_V2_HTTP PODIUM_V2_REPOSITORY

@@ -2,13 +2,17 @@
 
 ``bus`` is parametrized over both implementations, so every test that uses it is a contract
 test: ``[inproc]`` always runs; ``[kafka]`` needs a real broker named by
-``$PODIUM_KAFKA_BOOTSTRAP`` (start one with ``scripts/kafka.sh start``). Without it the Kafka
+``$PODIUM_KAFKA_BOOTSTRAP`` (start one with ``eval "$(scripts/kafka.sh start)"``, which also
+sets ``$PODIUM_KAFKA_SASL_PASSWORD``: the broker takes only SCRAM over TLS, and the variable
+is a ``kafka://`` URL carrying those settings; :mod:`kafka_helpers` turns it into what each
+kind of client needs). Without it the Kafka
 cases are skipped when run by hand, and fail under CI (``CI=true``), where a missing broker is
 a broken pipeline rather than an optional extra.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka_helpers import as_url
 from svc_helpers import run_stack
 
 from podium.bus import Bus, InProcBus, KafkaBus, KafkaConfig
@@ -31,17 +36,23 @@ def _in_ci() -> bool:
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> str:
-    """``host:port`` of the real broker, or skip (by hand) / fail (CI) when there is none."""
+    """The real broker as a ``kafka://`` URL with its security settings (a bare ``host:port``
+    in the variable means a plaintext broker), or skip (by hand) / fail (CI) when there is
+    none. Raw clients use :func:`kafka_helpers.client_kwargs`, service processes
+    :func:`kafka_helpers.kafka_url`, kcat :func:`kafka_helpers.kcat_args`."""
     bootstrap = os.environ.get(KAFKA_ENV, "").strip()
     if not bootstrap:
         if _in_ci():
             pytest.fail(f"CI=true but ${KAFKA_ENV} is not set: CI must start a broker first")
         pytest.skip(f"no Kafka broker: set ${KAFKA_ENV} (see scripts/kafka.sh start)")
-    return bootstrap
+    return as_url(bootstrap)
 
 
 def kafka_test_config(bootstrap: str, **overrides: object) -> KafkaConfig:
-    """Kafka settings tuned for tests: fast heartbeats so rebalances settle in about a second."""
+    """Kafka settings tuned for tests: fast heartbeats so rebalances settle in about a second.
+
+    ``bootstrap`` is a ``kafka://`` URL (its security settings kept) or a bare ``host:port``.
+    """
     settings: dict[str, object] = {
         "client_id": "podium-tests",
         "heartbeat_interval_ms": 250,
@@ -50,7 +61,7 @@ def kafka_test_config(bootstrap: str, **overrides: object) -> KafkaConfig:
         "join_timeout_s": 30.0,
     }
     settings.update(overrides)
-    return KafkaConfig(bootstrap, **settings)  # type: ignore[arg-type]
+    return dataclasses.replace(KafkaConfig.from_url(as_url(bootstrap)), **settings)  # type: ignore[arg-type]
 
 
 @pytest.fixture

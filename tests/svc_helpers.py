@@ -67,6 +67,9 @@ async def run_stack(
             group_id=f"{group}.orchestrator",
             grpc_host="127.0.0.1",
             grpc_port=0,
+            # Off by default (PODIUM_GRPC_REFLECTION); on here, so clients can list and
+            # describe the service as grpcurl would (test_generated_client.py).
+            grpc_reflection=True,
             session_timeout_s=session_timeout_s,
             shutdown_timeout_s=10.0,
         ),

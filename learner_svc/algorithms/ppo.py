@@ -21,6 +21,7 @@ import torch
 from podium.errors import ConfigError, ProcessingError
 from podium.policy.artifacts import policy_updated_event, publish_weights
 from podium.policy.decisions import decode_mask, decode_observation
+from podium.policy.signing import SigningKey
 from podium.rl.networks import ActorCritic
 from podium.rl.ppo import Minibatch, PPOConfig, compute_gae, cosine_schedule, linear_schedule
 from podium.rl.update import ppo_update
@@ -145,6 +146,9 @@ class GenericPPOConfig:
     """Root of published versions: ``<artifacts_dir>/<model_name>/<version>/weights.safetensors``."""
     model_name: str = "orchestrator"
     """Model name in the artifact repository and in ``PolicyUpdated``."""
+    signing_key: str = ""
+    """Path of the Ed25519 private key (PEM) announcements are signed with (required:
+    consumers refuse unsigned versions; ``podium keys generate`` makes one)."""
     ppo: PPOConfig = field(default_factory=_streaming_ppo_defaults)
     """PPO hyperparameters (the env-stepping fields num_envs/num_steps are unused here)."""
     minibatch_size: int = 64
@@ -175,6 +179,7 @@ class GenericPPO:
             self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps
         )
         self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.signer = SigningKey.load(config.signing_key, setting="GenericPPOConfig.signing_key")
 
     def decode(self, scored: reward_pb2.ScoredTrajectory, lag: int) -> Episode:
         """Every trajectory is a sample; a malformed one raises ProcessingError."""
@@ -211,7 +216,8 @@ class GenericPPO:
     def publish(
         self, version: int, step: int, metrics: dict[str, float]
     ) -> reward_pb2.PolicyUpdated:
-        """safetensors + sha256 under ``artifacts_dir`` (identical bytes: no-op)."""
+        """safetensors + sha256 under ``artifacts_dir`` (identical bytes: no-op); the
+        announcement signed."""
         meta = self.model.architecture() | {"step": str(step)}
         ref = publish_weights(
             self.model.state_dict(),
@@ -220,7 +226,7 @@ class GenericPPO:
             version,
             metadata=meta,
         )
-        return policy_updated_event(ref, metrics)
+        return self.signer.sign(policy_updated_event(ref, metrics))
 
 
 __all__ = [

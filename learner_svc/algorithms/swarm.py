@@ -15,7 +15,9 @@ sub-agent luck, Kool et al. 2019) and warms the critic up before the first polic
 2. **update**: one :func:`ppo_update` with the environment's −Δclock/bound per decision plus,
    at the end of the session, the reward service's ``total`` minus the baseline's return;
 3. **publish**: safetensors with sha256 (:func:`podium.policy.swarm.save_policy`), an ONNX
-   export into the Triton model repository when one is configured, and a ``PolicyUpdated``.
+   export into the Triton model repository when one is configured, and a ``PolicyUpdated``
+   signed with the learner's key (``PODIUM_POLICY_SIGNING_KEY``, :mod:`podium.policy.signing`)
+   over model, version and both hashes, which orchestrators verify before serving it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from podium.errors import ArtifactError, ConfigError, SpecError
 from podium.policy.agent import SwarmAgent
 from podium.policy.decisions import Episode, episode_from_trajectory
 from podium.policy.network import SwarmPolicyNet
+from podium.policy.signing import SIGNING_KEY_VAR, SigningKey
 from podium.policy.swarm import (
     MODEL_NAME,
     export_swarm_policy,
@@ -48,6 +51,7 @@ from podium.policy.swarm import (
     save_policy,
     swarm_policy_updated,
 )
+from podium.policy.versions import is_version_number
 from podium.rl.ppo import (
     PPOLossParts,
     compute_gae,
@@ -388,7 +392,7 @@ def ppo_update(
 
 def is_on_policy_sample(traj_labels: dict[str, str], policy_version: str) -> bool:
     """Whether a trajectory was sampled by a learned version (so PPO may train on it)."""
-    return traj_labels.get(ACTIONS_LABEL) == SAMPLED and policy_version.isdigit()
+    return traj_labels.get(ACTIONS_LABEL) == SAMPLED and is_version_number(policy_version)
 
 
 def swarm_layout(pool: PoolSpec, max_subtasks: int) -> ObservationLayout:
@@ -417,6 +421,10 @@ class SwarmSettings:
     """Triton model repository to export every published version >= 1 into
     (``<repo>/swarm_policy/<version>/model.onnx``, announced as ``onnx_uri`` /
     ``onnx_sha256``), for orchestrators with a served backend; empty = no export."""
+    signing_key: str = env(SIGNING_KEY_VAR, default="")
+    """Path of the Ed25519 private key (PEM) every ``PolicyUpdated`` is signed with, mounted
+    from a Secret; required (orchestrators refuse unsigned versions). Make one with ``podium
+    keys generate --out DIR``; ``podium train`` makes its own in the run directory."""
     init: str = env("PODIUM_LEARNER_INIT", default="")
     """A swarm policy (safetensors, e.g. a behaviour-cloning result) to start from as version 0
     when there is no checkpoint; empty = a freshly initialised network."""
@@ -537,6 +545,8 @@ class SwarmPPO:
         # learner shuffles as the crashed one would have; the checkpoint still carries a torch
         # generator (the loop's format).
         self.generator = torch.Generator().manual_seed(settings.seed)
+        # Loaded now, so a learner without a usable key fails at start, naming the setting.
+        self.signer = SigningKey.load(settings.signing_key)
 
     @classmethod
     def from_settings(cls, settings: SwarmSettings) -> SwarmPPO:
@@ -607,7 +617,7 @@ class SwarmPPO:
         self, version: int, step: int, metrics: dict[str, float]
     ) -> reward_pb2.PolicyUpdated:
         """safetensors + sha256 under the artifacts root; ONNX into the model repository for
-        versions >= 1 (Triton versions start at 1)."""
+        versions >= 1 (Triton versions start at 1); the announcement signed."""
         ref = save_policy(
             self.agent.net,
             self.settings.artifacts_dir,
@@ -619,4 +629,4 @@ class SwarmPPO:
         exported = None
         if self.settings.model_repository and version >= 1:
             exported = export_swarm_policy(self.agent.net, self.settings.model_repository, version)
-        return swarm_policy_updated(ref, exported, metrics)
+        return self.signer.sign(swarm_policy_updated(ref, exported, metrics))

@@ -5,7 +5,8 @@
 
 Services use :func:`connect` with a URL from their config, then :class:`EventPublisher` to
 write events, :class:`EventConsumer` to process them (at-least-once, effectively once), and
-:class:`Transformer` for consume-transform-produce exactly once (transactions). Whether a URL
+:class:`Transformer` for consume-transform-produce exactly once (one transaction per input
+partition). Whether a URL
 names Kafka is decided here only (:func:`is_kafka_url`). Importing this package never
 contacts a broker.
 """
@@ -13,8 +14,11 @@ contacts a broker.
 from __future__ import annotations
 
 from podium.bus.base import (
+    TP,
     Bus,
     Headers,
+    PartitionsCallback,
+    PartitionTransaction,
     Publisher,
     Record,
     RecordMetadata,
@@ -22,6 +26,7 @@ from podium.bus.base import (
     TopicSpec,
     TransactionalMember,
     TransactionFencedError,
+    partition_transactional_id,
 )
 from podium.bus.consumer import (
     ConsumerStats,
@@ -37,6 +42,7 @@ from podium.bus.transform import Output, Transform, Transformer, TransformStats
 from podium.errors import ConfigError
 
 __all__ = [
+    "TP",
     "Bus",
     "ConsumerStats",
     "EventConsumer",
@@ -47,6 +53,8 @@ __all__ = [
     "KafkaBus",
     "KafkaConfig",
     "Output",
+    "PartitionTransaction",
+    "PartitionsCallback",
     "PublishedEvent",
     "Publisher",
     "Record",
@@ -61,6 +69,7 @@ __all__ = [
     "connect",
     "is_kafka_url",
     "is_retriable",
+    "partition_transactional_id",
 ]
 
 

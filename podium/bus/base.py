@@ -13,15 +13,20 @@ Semantics every implementation honours (and ``tests/bus/test_contract.py`` check
   before it in its partition.
 * A :class:`TransactionalMember` is a group member whose produced records and consumed
   offsets become visible together, in one commit, or not at all (consume-transform-produce
-  exactly once). A member started with a transactional id fences every earlier member with
-  the same id: their open transaction is discarded and their next call raises
-  :class:`TransactionFencedError`.
+  exactly once). Transactions are per input partition: partition (topic, p) is written under
+  the transactional id ``f"{prefix}.{topic}.{p}"``, claimed by whoever owns the partition
+  BEFORE it reads the partition's committed offset. Claiming fences the previous holder (its
+  open transaction is ended and its next call raises :class:`TransactionFencedError`) and
+  waits for that transaction to end, so the offset read is stable: a zombie (a member paused
+  past its session, still believing it owns the partition) can never commit, and a new owner
+  never re-reads records a pending transaction is about to commit. This is the pre-KIP-447
+  recipe; it needs no consumer-group generation in the offset commit.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -40,6 +45,9 @@ class TopicSpec:
     """Number of partitions (the unit of consumer parallelism)."""
     replication_factor: int = 1
     """Replicas per partition (1 on a single dev broker)."""
+    config: tuple[tuple[str, str], ...] = ()
+    """Topic-level settings, e.g. ``(("cleanup.policy", "compact"),)`` for state keyed by
+    id (applied by Kafka at creation; the in-process bus keeps every record)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,36 +153,35 @@ class Subscriber(abc.ABC):
         """(topic, partition) pairs this member owns now."""
 
 
-class TransactionalMember(abc.ABC):
-    """A group member whose outputs and consumed offsets commit atomically.
+TP = tuple[str, int]
+"""A (topic, partition) pair."""
 
-    One batch is one transaction: ``fetch`` → ``begin`` → ``publish`` the outputs →
-    ``commit(batch)`` (the outputs and the offsets after the batch become visible together)
-    or, on any failure, ``abort(batch)`` (neither becomes visible, and the batch is fetched
-    again). Use ``start()`` / ``finally: stop()``; ``start`` fences earlier members with the
-    same transactional id. Every error is a :class:`~podium.errors.BusError`: retriable ones
-    mean "abort and retry the batch", :class:`TransactionFencedError` means "stop".
+PartitionsCallback = Callable[[frozenset[TP]], Awaitable[None]]
+"""``async def callback(partitions)``, run by a rebalance (see
+:meth:`TransactionalMember.on_rebalance`)."""
+
+
+def partition_transactional_id(prefix: str, topic: str, partition: int) -> str:
+    """The transactional id of input partition ``(topic, partition)``: ``prefix.topic.p``.
+
+    Stable across restarts and replicas, so whoever owns the partition next fences whoever
+    owned it before; the prefix must therefore be the same for every member of a group (and
+    differ between groups that read the same topic).
+    """
+    return f"{prefix}.{topic}.{partition}"
+
+
+class PartitionTransaction(abc.ABC):
+    """The open transaction of one input partition (:meth:`TransactionalMember.begin`).
+
+    Every error is a :class:`~podium.errors.BusError`: :class:`TransactionFencedError` when
+    the partition's transactional id was claimed by a newer owner (drop the batch: the new
+    owner processes it), retriable ones when the partition is not owned any more or the
+    broker failed (abort; the records are fetched again by whoever owns the partition).
     """
 
-    @abc.abstractmethod
-    async def start(self) -> None:
-        """Claim the transactional id (fencing earlier holders), then join the group."""
-
-    @abc.abstractmethod
-    async def stop(self) -> None:
-        """Leave the group; an open transaction is discarded, never committed."""
-
-    @abc.abstractmethod
-    async def fetch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
-        """Next records of owned partitions (committed ones only), in offset order."""
-
-    @abc.abstractmethod
-    def assignment(self) -> frozenset[tuple[str, int]]:
-        """(topic, partition) pairs this member owns now."""
-
-    @abc.abstractmethod
-    async def begin(self) -> None:
-        """Open a transaction."""
+    tp: TP
+    """The input partition whose records this transaction consumes."""
 
     @abc.abstractmethod
     async def publish(
@@ -185,19 +192,81 @@ class TransactionalMember(abc.ABC):
         key: bytes | str | None = None,
         headers: Headers = (),
     ) -> None:
-        """Add one record to the open transaction (visible to readers once it commits)."""
+        """Add one record to the transaction (visible to readers once it commits)."""
 
     @abc.abstractmethod
     async def commit(self, records: Sequence[Record]) -> None:
-        """Commit the transaction together with the offsets after ``records``.
+        """Commit the published records together with the offset after ``records``.
 
-        Raises a retriable :class:`BusError` without committing anything if a partition of
-        ``records`` was revoked meanwhile (its new owner processes them).
+        ``records`` all come from :attr:`tp`; empty commits the outputs alone (the offset is
+        unchanged). Refused (retriable :class:`BusError`, nothing committed) if :attr:`tp` was
+        revoked meanwhile; :class:`TransactionFencedError` if its id was claimed by a newer
+        owner.
         """
 
     @abc.abstractmethod
-    async def abort(self, records: Sequence[Record]) -> None:
-        """Discard the open transaction and :meth:`Subscriber.rewind` to ``records``."""
+    async def abort(self) -> None:
+        """Discard the published records (the position is not moved: see
+        :meth:`TransactionalMember.rewind`). Never raises: an abort the broker did not confirm
+        makes the member re-claim the partition, which ends the transaction for sure."""
+
+
+class TransactionalMember(abc.ABC):
+    """A group member whose outputs and consumed offsets commit atomically, per partition.
+
+    One partition batch is one transaction: ``fetch`` → for each partition of the batch,
+    ``begin(tp)`` → ``publish`` the outputs → ``commit(records of tp)`` (the outputs and the
+    offset after them become visible together) or, on failure, ``abort()`` and
+    ``rewind(records)`` (neither becomes visible; the records are fetched again). Use
+    ``start()`` / ``finally: stop()``. Every error is a :class:`~podium.errors.BusError`.
+    See the module docstring for why the transactional id is per partition.
+    """
+
+    @abc.abstractmethod
+    def on_rebalance(
+        self,
+        *,
+        assigned: PartitionsCallback | None = None,
+        revoked: PartitionsCallback | None = None,
+    ) -> None:
+        """Set rebalance callbacks (before :meth:`start`).
+
+        ``assigned(tps)`` runs once the transactional ids of ``tps`` are claimed (previous
+        holders fenced, their open transactions ended) and BEFORE their committed offsets are
+        read and fetching starts, so the owner may load per-partition state there. It runs
+        again for a partition whose id had to be claimed anew after a failure with an unknown
+        outcome (its state must be re-read). ``revoked(tps)`` runs before ``tps`` are released
+        (their open transactions are aborted after it returns).
+        """
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Join the group; returns once partitions are assigned and claimed."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Leave the group; open transactions are discarded, never committed."""
+
+    @abc.abstractmethod
+    async def fetch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        """Next records of owned, claimed partitions (committed ones only), in offset order."""
+
+    @abc.abstractmethod
+    def assignment(self) -> frozenset[TP]:
+        """(topic, partition) pairs this member owns now and may write for (fenced partitions
+        excluded)."""
+
+    @abc.abstractmethod
+    async def begin(self, tp: TP) -> PartitionTransaction:
+        """Open the transaction of input partition ``tp`` (one at a time per partition).
+
+        Raises :class:`TransactionFencedError` if ``tp``'s id was claimed by a newer owner, a
+        retriable :class:`BusError` if ``tp`` is not owned (any more) or not claimed yet.
+        """
+
+    @abc.abstractmethod
+    async def rewind(self, records: Sequence[Record]) -> None:
+        """Fetch ``records`` again (owned partitions only; see :meth:`Subscriber.rewind`)."""
 
 
 class Bus(abc.ABC):
@@ -241,11 +310,12 @@ class Bus(abc.ABC):
         self,
         topics: Sequence[str],
         group_id: str,
-        transactional_id: str,
+        transactional_id_prefix: str,
         *,
         client_id: str = "",
     ) -> TransactionalMember:
-        """A new (not yet started) transactional member of ``group_id`` reading ``topics``."""
+        """A new (not yet started) transactional member of ``group_id`` reading ``topics``;
+        partition (topic, p) is written under :func:`partition_transactional_id`."""
 
     @property
     def replication_factor(self) -> int:

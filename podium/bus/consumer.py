@@ -8,12 +8,14 @@ effectively-once processing:
 2. skip events whose ``event_id`` was already handled (bounded LRU: redelivery after a
    rebalance or crash is normal under at-least-once, handlers should not see it twice);
 3. call ``await handler(envelope, record)`` inside the producer's trace context;
-4. a record that cannot be decoded, or whose handler fails with a non-retriable error, is
-   published unchanged to ``podium.topics.dead_letter(topic)`` with headers naming its
-   source topic, partition, offset and the error, and the partition moves on: one poison
-   message must not stall a session's partition;
-5. retriable errors (``PodiumError.retriable``, connection errors, timeouts) are retried with
-   capped exponential backoff and never dropped;
+4. a record that cannot be decoded, whose handler fails with a non-retriable error (at once),
+   or whose handler failed ``max_attempts`` times in a row with retriable errors
+   (:data:`DEFAULT_MAX_ATTEMPTS`), is published unchanged to
+   ``podium.topics.dead_letter(topic)`` with headers naming its source topic, partition,
+   offset, the error and the attempts made, and the partition moves on: one poison message
+   must not stall a session's partition, and nothing is dropped (the dead letter keeps it);
+5. between attempts, retriable errors (:func:`is_retriable`: ``PodiumError.retriable``,
+   connection errors, timeouts, EAGAIN-like ``OSError`` s) wait a capped exponential backoff;
 6. the batch is committed only after every record in it was handled or dead-lettered.
 
 :class:`EventPublisher` is the producing side: codec-encoded envelope, trace context in the
@@ -24,7 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import socket
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -71,6 +76,18 @@ DLQ_PRODUCER = "podium.dlq.producer"
 """Service instance that dead-lettered it."""
 DLQ_FAILED_AT_MS = "podium.dlq.failed_at_ms"
 """Wall-clock time of the failure, milliseconds since the epoch."""
+DLQ_ATTEMPTS = "podium.dlq.attempts"
+"""How many times the record was tried before it was given up on (decimal; absent when the
+dead-lettering code does not count, e.g. a record that could not even be decoded)."""
+
+DEFAULT_MAX_ATTEMPTS = 5
+"""Tries of one record before it is dead-lettered, retriable failures included. Every
+consume loop of Podium uses it (:class:`EventConsumer`, :class:`podium.bus.Transformer`): a
+record that fails this often is poison for this service whatever the error says, and
+retrying it forever would stall its partition. Five tries with the default backoff span
+about a second plus the handler's own timeouts (a Kafka publish inside a handler waits out
+the producer's request timeout before it fails), so a broker blip does not dead-letter
+healthy records."""
 
 EVENT_ID_HEADER = "podium.event_id"
 """Envelope event id, copied into a header so it can be read without protobuf."""
@@ -89,11 +106,13 @@ def dead_letter_headers(
     *,
     group_id: str,
     producer: str,
+    attempts: int | None = None,
 ) -> Headers:
     """The headers every Podium dead letter carries: where the poison record came from
-    (topic, partition, offset), why it was rejected, and who rejected it when."""
+    (topic, partition, offset), why it was rejected, and who rejected it when; with
+    ``attempts``, how many tries it was given."""
     error = str(exc)[:_MAX_ERROR_CHARS] or type(exc).__name__
-    return (
+    headers: Headers = (
         (DLQ_SOURCE_TOPIC, topic.encode()),
         (DLQ_SOURCE_PARTITION, str(partition).encode()),
         (DLQ_SOURCE_OFFSET, str(offset).encode()),
@@ -103,10 +122,19 @@ def dead_letter_headers(
         (DLQ_PRODUCER, producer.encode()),
         (DLQ_FAILED_AT_MS, str(int(time.time() * 1000)).encode()),
     )
+    if attempts is not None:
+        headers += ((DLQ_ATTEMPTS, str(attempts).encode()),)
+    return headers
 
 
 async def publish_dead_letter(
-    bus: Publisher, record: Record, exc: BaseException, *, group_id: str, producer: str
+    bus: Publisher,
+    record: Record,
+    exc: BaseException,
+    *,
+    group_id: str,
+    producer: str,
+    attempts: int | None = None,
 ) -> None:
     """Publish ``record`` unchanged (key, value, headers) to its topic's dead-letter topic with
     :func:`dead_letter_headers` appended (one attempt; callers with a retry policy loop).
@@ -119,21 +147,93 @@ async def publish_dead_letter(
         key=record.key,
         headers=record.headers
         + dead_letter_headers(
-            record.topic, record.partition, record.offset, exc, group_id=group_id, producer=producer
+            record.topic,
+            record.partition,
+            record.offset,
+            exc,
+            group_id=group_id,
+            producer=producer,
+            attempts=attempts,
         ),
     )
+
+
+TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EAGAIN,
+        errno.EWOULDBLOCK,
+        errno.EINTR,
+        errno.EBUSY,
+        errno.EINPROGRESS,
+        errno.EALREADY,
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNREFUSED,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        errno.ENOTCONN,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.ENETRESET,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.EADDRNOTAVAIL,
+        errno.ENOBUFS,
+        errno.ENOMEM,
+        errno.EMFILE,
+        errno.ENFILE,
+    }
+)
+"""``OSError.errno`` values that describe the moment (a busy peer, a full table, a network
+that is down) rather than the request: trying again later may succeed."""
+
+
+_TRANSIENT_SSL_ERRORS = (
+    ssl.SSLEOFError,
+    ssl.SSLZeroReturnError,
+    ssl.SSLWantReadError,
+    ssl.SSLWantWriteError,
+    ssl.SSLSyscallError,
+)
+
+
+def _os_error_is_transient(exc: OSError) -> bool:
+    """Whether an ``OSError`` describes the moment, not the request.
+
+    Connection errors, timeouts, ``EAGAIN`` and the like pass; a missing file, a permission, a
+    path that is a directory, a bad argument (``FileNotFoundError``, ``PermissionError``,
+    ``IsADirectoryError``, ``NotADirectoryError``, ``EINVAL``...) and an ``OSError`` without
+    an errno do not: the same record would fail the same way forever.
+    """
+    if isinstance(exc, ConnectionError | TimeoutError | BlockingIOError | InterruptedError):
+        return True
+    if isinstance(exc, socket.gaierror):
+        # Name resolution: "try again" is the resolver's transient answer, the rest are not.
+        return exc.errno == socket.EAI_AGAIN
+    if isinstance(exc, ssl.SSLError):
+        # Its errno is an SSL_ERROR_* code, not an errno: a connection torn down mid-stream is
+        # transient, a certificate or protocol failure is not.
+        return isinstance(exc, _TRANSIENT_SSL_ERRORS)
+    return exc.errno in TRANSIENT_ERRNOS
 
 
 def is_retriable(exc: BaseException) -> bool:
     """Whether trying the same record again may succeed.
 
-    Podium errors say so themselves. Connection errors and timeouts are transient by nature.
-    Anything else is a bug or bad data: retrying would block the partition forever, so it
-    goes to the dead-letter topic where a human can look at it.
+    Podium errors say so themselves. Timeouts and transient ``OSError`` s (connection errors,
+    ``EAGAIN``-like errnos: :data:`TRANSIENT_ERRNOS`) are retriable; every other ``OSError``
+    (a missing file, a permission, a bad argument) is about the request and is not. Anything
+    else is a bug or bad data: retrying would block the partition, so it goes to the
+    dead-letter topic where a human can look at it. Even retriable errors are tried at most
+    :data:`DEFAULT_MAX_ATTEMPTS` times per record by the consume loops.
     """
     if isinstance(exc, PodiumError):
         return exc.retriable
-    return isinstance(exc, OSError | TimeoutError)
+    if isinstance(exc, TimeoutError):
+        return True
+    if isinstance(exc, OSError):
+        return _os_error_is_transient(exc)
+    return False
 
 
 @dataclass
@@ -148,6 +248,8 @@ class ConsumerStats:
     """Records skipped because their event id was already handled."""
     dead_lettered: int = 0
     """Records published to a dead-letter topic."""
+    exhausted: int = 0
+    """Of those, records whose handler failed ``max_attempts`` times with retriable errors."""
     retries: int = 0
     """Handler or bus calls retried after a retriable error."""
     commits: int = 0
@@ -289,6 +391,7 @@ class EventConsumer:
         dedupe_capacity: int = 100_000,
         retry_backoff_s: float = 0.05,
         retry_backoff_max_s: float = 5.0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         create_topics: bool = True,
         partitions: int = 3,
         client_id: str = "",
@@ -306,6 +409,8 @@ class EventConsumer:
             dedupe_capacity: event ids remembered for de-duplication.
             retry_backoff_s: first delay before retrying a retriable failure.
             retry_backoff_max_s: cap of the exponentially growing delay.
+            max_attempts: handler calls per record before it is dead-lettered, retriable
+                failures included (a non-retriable failure is dead-lettered at the first).
             create_topics: create the topics and their dead-letter topics on start.
             partitions: partition count used when creating topics.
             client_id: name of this member in broker logs (defaults to producer_name).
@@ -318,6 +423,8 @@ class EventConsumer:
             raise ConfigError("EventConsumer producer_name must not be empty")
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+        if max_attempts < 1:
+            raise ConfigError(f"max_attempts must be >= 1, got {max_attempts}")
         if dedupe_capacity < 1:
             raise ConfigError(f"dedupe_capacity must be >= 1, got {dedupe_capacity}")
         if retry_backoff_s <= 0 or retry_backoff_max_s < retry_backoff_s:
@@ -335,6 +442,7 @@ class EventConsumer:
         self.fetch_timeout_s = fetch_timeout_s
         self.retry_backoff_s = retry_backoff_s
         self.retry_backoff_max_s = retry_backoff_max_s
+        self.max_attempts = max_attempts
         self.create_topics = create_topics
         self.partitions = partitions
         self.stats = ConsumerStats()
@@ -446,44 +554,73 @@ class EventConsumer:
         if envelope.event_id in self._seen:
             self.stats.duplicates += 1
             return
+        failure = await self._attempt(envelope, record)
+        if failure is None:
+            self._seen.add(envelope.event_id)
+            self.stats.handled += 1
+            return
+        error, attempts = failure
+        if not self.dlq:
+            raise error
+        await self._dead_letter(record, error, attempts=attempts)
+        # The event was dealt with (parked for a human), so a redelivery is a duplicate.
+        self._seen.add(envelope.event_id)
+
+    async def _attempt(
+        self, envelope: envelope_pb2.Envelope, record: Record
+    ) -> tuple[Exception, int] | None:
+        """Call the handler until it succeeds (None), fails non-retriably, or has failed
+        ``max_attempts`` times; then the last error and the number of calls made."""
         delay = self.retry_backoff_s
+        attempt = 0
         while True:
+            attempt += 1
             try:
                 await self._call_handler(envelope, record)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if is_retriable(exc):
-                    if self._stopping.is_set():
-                        raise _Abandoned from exc
-                    self.stats.retries += 1
-                    _log.warning(
-                        "%s: retriable failure on %s[%d]@%d (%s); retrying in %.2fs",
+                if not is_retriable(exc):
+                    return exc, attempt
+                if attempt >= self.max_attempts:
+                    self.stats.exhausted += 1
+                    _log.error(
+                        "%s: %s[%d]@%d failed %d times, the last with %s: %s; giving up on it",
                         self.group_id,
                         record.topic,
                         record.partition,
                         record.offset,
+                        attempt,
+                        type(exc).__name__,
                         exc,
-                        delay,
                     )
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.retry_backoff_max_s)
-                    continue
-                if not self.dlq:
-                    raise
-                await self._dead_letter(record, exc)
-                # The event was dealt with (parked for a human), so a redelivery is a duplicate.
-                self._seen.add(envelope.event_id)
-                return
-            self._seen.add(envelope.event_id)
-            self.stats.handled += 1
-            return
+                    return exc, attempt
+                if self._stopping.is_set():
+                    raise _Abandoned from exc
+                self.stats.retries += 1
+                _log.warning(
+                    "%s: retriable failure %d of %d on %s[%d]@%d (%s); retrying in %.2fs",
+                    self.group_id,
+                    attempt,
+                    self.max_attempts,
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_backoff_max_s)
+                continue
+            return None
 
     async def _call_handler(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
         with consume_span(envelope, record, self.group_id):
             await self.handler(envelope, record)
 
-    async def _dead_letter(self, record: Record, exc: BaseException) -> None:
+    async def _dead_letter(
+        self, record: Record, exc: BaseException, *, attempts: int | None = None
+    ) -> None:
         if not self.dlq:
             raise exc
         target = topics.dead_letter(record.topic)
@@ -502,7 +639,12 @@ class EventConsumer:
             try:
                 # The original key keeps the dead letters of one session together and in order.
                 await publish_dead_letter(
-                    self.bus, record, exc, group_id=self.group_id, producer=self.producer_name
+                    self.bus,
+                    record,
+                    exc,
+                    group_id=self.group_id,
+                    producer=self.producer_name,
+                    attempts=attempts,
                 )
             except BusError as err:
                 if not err.retriable:

@@ -12,11 +12,12 @@ that works here behaves the same against a real broker:
 * Offsets are committed per (group, topic, partition). A member that is assigned a partition
   starts at the group's committed offset (the earliest record if none), so anything fetched
   but not committed by a previous owner is delivered again.
-* A transactional member (:class:`InProcTransactionalMember`) holds its outputs back until
-  its commit, which appends them and stores the offsets in one step with no await in between,
-  so readers see both or neither, as Kafka's ``read_committed`` readers do. Transactional ids
-  carry an epoch: a member that claims an id fences the earlier holder, like Kafka's
-  ``InitProducerId``.
+* A transactional member (:class:`InProcTransactionalMember`) holds each partition
+  transaction's outputs back until its commit, which appends them and stores the offset in
+  one step with no await in between, so readers see both or neither, as Kafka's
+  ``read_committed`` readers do. Transactional ids are per input partition and carry an
+  epoch: the member a partition is assigned to claims its id (fencing the earlier holder,
+  like Kafka's ``InitProducerId``) in the same step as it reads the committed offset.
 
 Everything runs on the caller's event loop; nothing here is thread-safe, which is fine because
 Podium's services are single-loop asyncio programs.
@@ -35,6 +36,8 @@ from dataclasses import dataclass, field
 from podium.bus.base import (
     Bus,
     Headers,
+    PartitionsCallback,
+    PartitionTransaction,
     Record,
     RecordMetadata,
     Subscriber,
@@ -43,6 +46,7 @@ from podium.bus.base import (
     TransactionFencedError,
     first_offsets,
     next_offsets,
+    partition_transactional_id,
 )
 from podium.errors import BusError, ConfigError
 
@@ -265,14 +269,13 @@ class InProcBus(Bus):
         self,
         topics: Sequence[str],
         group_id: str,
-        transactional_id: str,
+        transactional_id_prefix: str,
         *,
         client_id: str = "",
     ) -> InProcTransactionalMember:
-        if not transactional_id:
-            raise ConfigError("transactional_id must not be empty")
+        check_prefix(transactional_id_prefix)
         member = self.subscriber(topics, group_id, client_id=client_id)
-        return InProcTransactionalMember(member, transactional_id)
+        return InProcTransactionalMember(member, transactional_id_prefix)
 
     def _claim(self, transactional_id: str) -> int:
         """A new epoch for ``transactional_id``; holders of older epochs are fenced."""
@@ -299,6 +302,8 @@ class InProcBus(Bus):
             # A leaving member commits nothing more: its partitions move at once and
             # whatever it fetched without committing is redelivered.
             group.members.remove(member)
+            if member._hooks is not None and member._assigned:
+                await member._hooks.before_revoke(member._assigned)
             member._assign(frozenset(), group)
             await self._rebalance(group)
 
@@ -337,9 +342,21 @@ class InProcBus(Bus):
             async with cond:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(cond.wait(), remaining)
+        for m, tps in losing.items():
+            if tps and m._hooks is not None:
+                await m._hooks.before_revoke(tps)
+        added = {m: plan[id(m)] - m._assigned for m in group.members}
         for m in group.members:
             m._paused = frozenset()
+            # Added partitions are held (not fetched) until their owner's hook has run.
+            m._held = added[m] if m._hooks is not None else frozenset()
             m._assign(plan[id(m)], group)
+        for m, tps in added.items():
+            if tps and m._hooks is not None:
+                try:
+                    await m._hooks.after_assign(tps)
+                finally:
+                    m._held = frozenset()
         _log.debug("group %s generation %d rebalanced", group.group_id, group.generation)
 
     def _commit(self, member: InProcSubscriber, offsets: dict[TopicPartition, int]) -> None:
@@ -368,6 +385,11 @@ class InProcSubscriber(Subscriber):
         self._rotate = 0
         # Partitions being revoked: not fetched from while their batch gets a chance to commit.
         self._paused: frozenset[TopicPartition] = frozenset()
+        # Partitions just assigned whose transactional member has not finished claiming them.
+        self._held: frozenset[TopicPartition] = frozenset()
+        self._hooks: InProcTransactionalMember | None = None
+        """The transactional member this subscriber belongs to, if any (claims partitions in
+        :meth:`_assign`, runs the rebalance callbacks)."""
 
     def _pending(self, tps: frozenset[TopicPartition], group: _Group) -> bool:
         """Whether records of ``tps`` were handed out but not committed yet."""
@@ -379,6 +401,10 @@ class InProcSubscriber(Subscriber):
         for tp in revoked:
             self._position.pop(tp, None)
             self._fetched.pop(tp, None)
+        if self._hooks is not None:
+            # Claim before reading the committed offset (with no await in between): the
+            # previous holder is fenced, so the offset read is final.
+            self._hooks._claim(added)
         for tp in added:
             self._position[tp] = group.committed.get(tp, 0)
         self._assigned = assignment
@@ -405,7 +431,10 @@ class InProcSubscriber(Subscriber):
         return self._assigned
 
     def _take(self, max_records: int) -> list[Record]:
-        owned = sorted(self._assigned - self._paused)
+        owned = sorted(self._assigned - self._paused - self._held)
+        if self._hooks is not None:
+            skip = self._hooks._fenced | self._hooks._unready
+            owned = [tp for tp in owned if tp not in skip]
         if not owned:
             return []
         # Rotate the starting partition so one busy partition cannot starve the others.
@@ -470,54 +499,146 @@ def check_value(value: object) -> None:
         raise ConfigError(f"record value must be bytes, not {type(value).__name__}")
 
 
-class InProcTransactionalMember(TransactionalMember):
-    """A member of an in-process group whose outputs and offsets commit in one step.
+def check_prefix(prefix: str) -> None:
+    """Refuse a transactional id prefix that cannot name partitions' ids."""
+    if not prefix or not prefix.strip():
+        raise ConfigError("transactional_id_prefix must not be empty")
 
-    Outputs wait in a buffer until :meth:`commit`, which appends them and stores the offsets
-    without yielding to the event loop in between: no reader, and no rebalance, can observe
-    one without the other. :meth:`abort` drops the buffer and rewinds.
+
+class InProcTransactionalMember(TransactionalMember):
+    """A member of an in-process group with one transaction per input partition.
+
+    When a partition is assigned, its transactional id (``prefix.topic.p``) is claimed in the
+    same synchronous step as its committed offset is read: the earlier holder is fenced at
+    once, as Kafka's ``InitProducerId`` does. A partition transaction's outputs wait in a
+    buffer until its commit, which appends them and stores the offset without yielding to the
+    event loop in between: no reader, and no rebalance, observes one without the other.
     """
 
-    def __init__(self, member: InProcSubscriber, transactional_id: str) -> None:
+    def __init__(self, member: InProcSubscriber, prefix: str) -> None:
         self.member = member
         self.bus = member.bus
-        self.transactional_id = transactional_id
-        self._epoch = -1
-        self._pending: list[tuple[str, bytes, bytes | None, Headers]] | None = None
+        self.prefix = prefix
+        self._epochs: dict[TopicPartition, int] = {}
+        """The epoch this member holds per claimed partition id."""
+        self._fenced: set[TopicPartition] = set()
+        """Owned partitions whose id a newer holder claimed (not fetched, not written)."""
+        self._unready: set[TopicPartition] = set()
+        """Owned partitions whose ``assigned`` callback failed (retried by :meth:`fetch`)."""
+        self._open: dict[TopicPartition, InProcPartitionTransaction] = {}
+        self._assigned_cb: PartitionsCallback | None = None
+        self._revoked_cb: PartitionsCallback | None = None
+        member._hooks = self
+
+    def on_rebalance(
+        self,
+        *,
+        assigned: PartitionsCallback | None = None,
+        revoked: PartitionsCallback | None = None,
+    ) -> None:
+        self._assigned_cb, self._revoked_cb = assigned, revoked
+
+    def _txn_id(self, tp: TopicPartition) -> str:
+        return partition_transactional_id(self.prefix, *tp)
+
+    def _claim(self, tps: frozenset[TopicPartition]) -> None:
+        """Claim the ids of newly assigned partitions (synchronous: see the class docstring)."""
+        for tp in tps:
+            self._epochs[tp] = self.bus._claim(self._txn_id(tp))
+            self._fenced.discard(tp)
+
+    async def after_assign(self, tps: frozenset[TopicPartition]) -> None:
+        """The rebalance's ``assigned`` callback (fetching of ``tps`` waits for it). If it
+        fails, ``tps`` are not fetched until a retry (by :meth:`fetch`) succeeds."""
+        if self._assigned_cb is None:
+            return
+        try:
+            await self._assigned_cb(tps)
+        except Exception:
+            _log.exception("%s: assigned callback failed for %s; retrying", self.prefix, tps)
+            self._unready |= tps
+        else:
+            self._unready -= tps
+
+    async def before_revoke(self, tps: frozenset[TopicPartition]) -> None:
+        """The ``revoked`` callback, then the open transactions of ``tps`` are discarded."""
+        try:
+            if self._revoked_cb is not None:
+                await self._revoked_cb(tps)
+        finally:
+            for tp in tps:
+                txn = self._open.pop(tp, None)
+                if txn is not None:
+                    txn._pending = None
+                self._epochs.pop(tp, None)
+                self._fenced.discard(tp)
+                self._unready.discard(tp)
 
     async def start(self) -> None:
         self.bus._check_started()
-        self._epoch = self.bus._claim(self.transactional_id)
         await self.member.start()
 
     async def stop(self) -> None:
-        self._pending = None
+        for txn in self._open.values():
+            txn._pending = None
+        self._open.clear()
         await self.member.stop()
 
     async def fetch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        unready = frozenset(self._unready & self.member.assignment())
+        if unready:
+            await self.after_assign(unready)
         return await self.member.fetch(max_records, timeout_s)
 
     def assignment(self) -> frozenset[TopicPartition]:
-        return self.member.assignment()
+        return self.member.assignment() - self.member._held - self._unready - self._fenced
 
-    def _check_epoch(self) -> None:
-        if self.bus._txn_epochs.get(self.transactional_id) != self._epoch:
-            self._pending = None
+    def _check(self, tp: TopicPartition, epoch: int) -> None:
+        """Refuse to write for ``tp`` unless this member owns it under ``epoch``."""
+        if not self.member._joined or tp not in self.member.assignment():
+            raise BusError(
+                f"partition {tp} is not owned by this member (any more); its owner processes "
+                "its records",
+                retriable=True,
+            )
+        if self._epochs.get(tp) != epoch or self.bus._txn_epochs.get(self._txn_id(tp)) != epoch:
+            self._fenced.add(tp)
             raise TransactionFencedError(
-                f"transactional id {self.transactional_id!r} was claimed by a newer member"
+                f"transactional id {self._txn_id(tp)!r} was claimed by a newer owner"
             )
 
-    def _open(self) -> list[tuple[str, bytes, bytes | None, Headers]]:
-        self._check_epoch()
-        if self._pending is None:
-            raise BusError("no open transaction: call begin() first", retriable=False)
-        return self._pending
+    async def begin(self, tp: TopicPartition) -> InProcPartitionTransaction:
+        tp = (tp[0], tp[1])
+        if tp in self.member._held or tp in self._unready:
+            raise BusError(f"partition {tp} is not ready yet", retriable=True)
+        self._check(tp, self._epochs.get(tp, -1))
+        if tp in self._open:
+            raise BusError(f"a transaction of {tp} is already open", retriable=False)
+        txn = InProcPartitionTransaction(self, tp, self._epochs[tp])
+        self._open[tp] = txn
+        return txn
 
-    async def begin(self) -> None:
-        self._check_epoch()
-        if self._pending is not None:
-            raise BusError("a transaction is already open", retriable=False)
-        self._pending = []
+    async def rewind(self, records: Sequence[Record]) -> None:
+        await self.member.rewind(records)
+
+
+class InProcPartitionTransaction(PartitionTransaction):
+    """The open transaction of one partition of an :class:`InProcTransactionalMember`."""
+
+    def __init__(self, member: InProcTransactionalMember, tp: TopicPartition, epoch: int) -> None:
+        self.member = member
+        self.tp = tp
+        self.epoch = epoch
+        self._pending: list[tuple[str, bytes, bytes | None, Headers]] | None = []
+
+    def _buffer(self) -> list[tuple[str, bytes, bytes | None, Headers]]:
+        self.member._check(self.tp, self.epoch)
+        if self._pending is None or self.member._open.get(self.tp) is not self:
+            raise BusError(
+                f"the transaction of {self.tp} is closed (committed, aborted or revoked)",
+                retriable=True,
+            )
+        return self._pending
 
     async def publish(
         self,
@@ -527,7 +648,7 @@ class InProcTransactionalMember(TransactionalMember):
         key: bytes | str | None = None,
         headers: Headers = (),
     ) -> None:
-        pending = self._open()
+        pending = self._buffer()
         if not topic:
             raise ConfigError("topic name must not be empty")
         check_value(value)
@@ -536,24 +657,25 @@ class InProcTransactionalMember(TransactionalMember):
         )
 
     async def commit(self, records: Sequence[Record]) -> None:
-        pending = self._open()
-        if not self.member._joined:
-            raise BusError(f"member {self.member.client_id} is not started", retriable=False)
+        pending = self._buffer()
         offsets = next_offsets(records)
-        lost = sorted(set(offsets) - self.member.assignment())
-        if lost:
-            raise BusError(
-                f"partitions {lost} were revoked during the transaction; their new owner "
-                "processes these records",
-                retriable=True,
+        others = sorted(set(offsets) - {self.tp})
+        if others:
+            raise ConfigError(
+                f"the transaction of {self.tp} cannot commit records of {others}: one "
+                "transaction per partition"
             )
-        # From here to the offsets, no await: the outputs and the offsets land together.
+        # From here to the offset, no await: the outputs and the offset land together.
         for topic, value, key, headers in pending:
-            self.bus._append(topic, value, key, headers)
-        self.bus._commit(self.member, offsets)
-        self._pending = None
-        await self.bus._notify()
+            self.member.bus._append(topic, value, key, headers)
+        self.member.bus._commit(self.member.member, offsets)
+        self._close()
+        await self.member.bus._notify()
 
-    async def abort(self, records: Sequence[Record]) -> None:
+    async def abort(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
         self._pending = None
-        await self.member.rewind(records)
+        if self.member._open.get(self.tp) is self:
+            del self.member._open[self.tp]

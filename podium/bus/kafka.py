@@ -13,8 +13,10 @@ Delivery settings follow ARCHITECTURE.md ("Delivery"):
 * topics are created with the configured partition count through the admin client before
   first use, so nothing depends on the broker's auto-create setting;
 * consume-transform-produce is exactly once with Kafka transactions
-  (:class:`KafkaTransactionalMember`): a transactional producer of its own per member, the
-  consumed offsets sent into the transaction, fencing by transactional id.
+  (:class:`KafkaTransactionalMember`): a transactional producer per owned input partition
+  (transactional id ``prefix.topic.p``), claimed before the partition's committed offset is
+  read, the consumed offset sent into the partition's transaction: zombies are fenced and the
+  offset fetch is stable without KIP-447.
 
 Besides the bus contract, :class:`KafkaBus` offers what only Kafka can do and tools need:
 reading a range of a partition's history (:meth:`KafkaBus.read_range`), describing a topic's
@@ -39,21 +41,29 @@ from urllib.parse import parse_qsl, urlsplit
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.conn import create_conn
 from aiokafka.errors import (
+    AuthenticationFailedError,
     CommitFailedError,
     IllegalOperation,
     IllegalStateError,
+    KafkaConnectionError,
     KafkaError,
     ProducerFenced,
+    SaslAuthenticationFailed,
     TopicAlreadyExistsError,
+    UnsupportedSaslMechanismError,
     for_code,
 )
 from aiokafka.helpers import create_ssl_context
 from aiokafka.structs import ConsumerRecord
 
 from podium.bus.base import (
+    TP,
     Bus,
     Headers,
+    PartitionsCallback,
+    PartitionTransaction,
     Record,
     RecordMetadata,
     Subscriber,
@@ -62,8 +72,9 @@ from podium.bus.base import (
     TransactionFencedError,
     first_offsets,
     next_offsets,
+    partition_transactional_id,
 )
-from podium.bus.inproc import check_value, key_bytes
+from podium.bus.inproc import check_prefix, check_value, key_bytes
 from podium.errors import BusError, ConfigError
 
 _log = logging.getLogger(__name__)
@@ -158,12 +169,14 @@ class KafkaConfig:
             )
 
     @classmethod
-    def from_url(cls, url: str) -> KafkaConfig:
+    def from_url(cls, url: str, *, sasl_password: str | None = None) -> KafkaConfig:
         """Parse ``kafka://host:port[,host:port][?field=value&...]``.
 
         Query parameters name :class:`KafkaConfig` fields (e.g.
         ``?security_protocol=SASL_SSL&sasl_username=svc``). The password is taken from
-        ``$PODIUM_KAFKA_SASL_PASSWORD`` so it never appears in a URL or a process list.
+        ``$PODIUM_KAFKA_SASL_PASSWORD`` so it never appears in a URL or a process list;
+        ``sasl_password`` overrides it for a caller that holds the password itself (a tool
+        talking to a broker it started).
         """
         parts = urlsplit(url)
         if parts.scheme != "kafka":
@@ -181,7 +194,7 @@ class KafkaConfig:
                     values[name] = raw
             except ValueError as exc:
                 raise ConfigError(f"kafka URL parameter {name}={raw!r}: {exc}") from exc
-        password = os.environ.get(SASL_PASSWORD_ENV, "")
+        password = os.environ.get(SASL_PASSWORD_ENV, "") if sasl_password is None else sasl_password
         if password:
             values["sasl_password"] = password
         return cls(bootstrap_servers=parts.netloc, **values)
@@ -221,6 +234,42 @@ def bus_error(action: str, exc: BaseException) -> BusError:
     return BusError(f"kafka {action} failed: {type(exc).__name__}: {exc}", retriable=retriable)
 
 
+_AUTH_ERRORS = (AuthenticationFailedError, SaslAuthenticationFailed, UnsupportedSaslMechanismError)
+
+
+async def connect_error(config: KafkaConfig, exc: BaseException) -> BusError:
+    """The error of a failed first connection, naming authentication or TLS when that is why.
+
+    aiokafka's bootstrap only logs why each broker refused it and raises "Unable to
+    bootstrap", so a wrong password or an untrusted certificate would look like a retriable
+    network failure and be retried forever. For a secured config, one direct connection to
+    the first broker tells them apart: those two are not retriable.
+    """
+    action = f"connect to {config.bootstrap_servers}"
+    if config.security_protocol == "PLAINTEXT" or not isinstance(exc, KafkaConnectionError):
+        return bus_error(action, exc)
+    host, _, port = config.bootstrap_servers.split(",")[0].rpartition(":")
+    kwargs = {k: v for k, v in config.client_kwargs().items() if k != "bootstrap_servers"}
+    try:
+        conn = await create_conn(host, int(port), **kwargs)
+    except _AUTH_ERRORS as cause:
+        return BusError(
+            f"kafka {action} failed: authentication as {config.sasl_username!r} "
+            f"({config.sasl_mechanism}) refused: {type(cause).__name__}: {cause}",
+            retriable=False,
+        )
+    except ssl.SSLError as cause:
+        return BusError(
+            f"kafka {action} failed: TLS handshake: {cause} "
+            f"(ssl_cafile={config.ssl_cafile or 'the system CAs'})",
+            retriable=False,
+        )
+    except (KafkaError, OSError):
+        return bus_error(action, exc)
+    conn.close()
+    return bus_error(action, exc)
+
+
 class KafkaBus(Bus):
     """:class:`~podium.bus.base.Bus` over a real Kafka cluster."""
 
@@ -247,7 +296,7 @@ class KafkaBus(Bus):
         except (KafkaError, OSError) as exc:
             await producer.stop()
             await admin.close()
-            raise bus_error(f"connect to {self.config.bootstrap_servers}", exc) from exc
+            raise await connect_error(self.config, exc) from exc
         self._producer, self._admin = producer, admin
 
     async def stop(self) -> None:
@@ -274,7 +323,10 @@ class KafkaBus(Bus):
         if not wanted:
             return
         async with self._topic_lock:
-            new = [NewTopic(t.name, t.partitions, t.replication_factor) for t in wanted]
+            new = [
+                NewTopic(t.name, t.partitions, t.replication_factor, topic_configs=dict(t.config))
+                for t in wanted
+            ]
             try:
                 response = await admin.create_topics(new)
             except KafkaError as exc:
@@ -336,11 +388,12 @@ class KafkaBus(Bus):
         self,
         topics: Sequence[str],
         group_id: str,
-        transactional_id: str,
+        transactional_id_prefix: str,
         *,
         client_id: str = "",
     ) -> KafkaTransactionalMember:
         _check_member(topics, group_id)
+        check_prefix(transactional_id_prefix)
         # Exactly-once needs read_committed: an aborted transaction's records must stay unseen.
         config = replace(
             self.config,
@@ -348,8 +401,7 @@ class KafkaBus(Bus):
             isolation_level="read_committed",
         )
         member = KafkaSubscriber(self, config, tuple(topics), group_id)
-        producer = KafkaTransactionalProducer(config, transactional_id)
-        return KafkaTransactionalMember(member, producer)
+        return KafkaTransactionalMember(member, transactional_id_prefix)
 
     def transactional_producer(
         self, transactional_id: str, *, client_id: str = ""
@@ -395,6 +447,19 @@ class KafkaBus(Bus):
                 if not parts:
                     raise ConfigError(f"group {group}: topic {name} does not exist on the broker")
                 tps += [TopicPartition(name, p) for p in parts]
+            await self._position_at_end(group, tps)
+
+    async def _position_at_end(self, group: str, tps: list[TopicPartition]) -> None:
+        """Commit the end offsets of ``tps`` for ``group``.
+
+        A commit from outside the group is refused while the group still has a member: after
+        a kill -9 the dead incarnation stays a member until its session times out. So a
+        refused commit is tried again until one session timeout (and a margin) has passed,
+        instead of failing the restart that is replacing it.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 1.5 * self.config.session_timeout_ms / 1000 + 5.0
+        while True:
             consumer = AIOKafkaConsumer(
                 group_id=group, enable_auto_commit=False, **self.config.client_kwargs()
             )
@@ -403,10 +468,16 @@ class KafkaBus(Bus):
                 consumer.assign(tps)
                 ends = await consumer.end_offsets(tps)
                 await consumer.commit(dict(ends))
+                return
+            except CommitFailedError as exc:
+                if loop.time() >= deadline:
+                    raise bus_error(f"positioning group {group}", exc) from exc
+                _log.info("group %s still has a member (a dead one?); retrying", group)
             except (KafkaError, OSError) as exc:
                 raise bus_error(f"positioning group {group}", exc) from exc
             finally:
                 await consumer.stop()
+            await asyncio.sleep(1.0)
 
     async def read_range(
         self,
@@ -458,13 +529,23 @@ def _check_member(topics: Sequence[str], group_id: str) -> None:
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, subscriber: KafkaSubscriber) -> None:
+    """aiokafka's rebalance listener: runs in the consumer's group task, between leaving the
+    old assignment and fetching from the new one."""
+
+    def __init__(self, subscriber: KafkaSubscriber, consumer: AIOKafkaConsumer) -> None:
         self.subscriber = subscriber
+        self.consumer = consumer
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         await self.subscriber._on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        hooks = self.subscriber._hooks
+        if hooks is not None:
+            # Claim the partitions' transactional ids before their offsets are used (see
+            # KafkaTransactionalMember).
+            tps = frozenset((t.topic, t.partition) for t in assigned)
+            await hooks._acquire(self.consumer, tps)
         self.subscriber._on_assigned(set(assigned))
 
 
@@ -487,6 +568,9 @@ class KafkaSubscriber(Subscriber):
         self._commit_happened = asyncio.Event()
         # Set by stop(): no commit can come any more, so a rebalance must not wait for one.
         self._stopping = False
+        self._hooks: KafkaTransactionalMember | None = None
+        """The transactional member this subscriber belongs to, if any (its partitions are
+        claimed on assignment and released on revocation)."""
 
     async def start(self) -> None:
         if self._consumer is not None:
@@ -503,7 +587,7 @@ class KafkaSubscriber(Subscriber):
             heartbeat_interval_ms=self.config.heartbeat_interval_ms,
             max_poll_interval_ms=self.config.max_poll_interval_ms,
         )
-        consumer.subscribe(list(self.topics), listener=_Listener(self))
+        consumer.subscribe(list(self.topics), listener=_Listener(self, consumer))
         try:
             await consumer.start()
         except (KafkaError, OSError) as exc:
@@ -560,6 +644,8 @@ class KafkaSubscriber(Subscriber):
                 await asyncio.wait_for(self._commit_happened.wait(), remaining)
             except TimeoutError:
                 continue
+        if self._hooks is not None:
+            await self._hooks._release(frozenset(tps))
         for tp in tps:
             self._fetched.pop(tp, None)
             self._committed.pop(tp, None)
@@ -800,45 +886,307 @@ class KafkaTransactionalProducer:
 
 
 class KafkaTransactionalMember(TransactionalMember):
-    """Exactly-once consume-transform-produce on Kafka: a :class:`KafkaSubscriber` (read
-    committed, manual offsets, revoke grace) and a :class:`KafkaTransactionalProducer` that
-    commits the subscriber's offsets inside its transaction.
+    """Exactly-once consume-transform-produce on Kafka without KIP-447: a
+    :class:`KafkaSubscriber` (read committed, manual offsets, revoke grace) and one
+    :class:`KafkaTransactionalProducer` per owned input partition, with the transactional id
+    :func:`~podium.bus.base.partition_transactional_id`.
 
-    On a rebalance the revoke listener waits (``revoke_grace_s``) for the transaction in hand
-    to commit, as for any batch; a commit whose partitions were revoked anyway is refused (and
-    aborted by the caller), so the new owner, not this member, produces their outputs.
-    Limitation: aiokafka's ``send_offsets_to_transaction`` takes a group id, not the group
-    metadata of KIP-447, so zombie fencing relies on one live member per transactional id.
+    Why per partition: aiokafka's ``send_offsets_to_transaction`` carries no group generation
+    and its offset fetch cannot wait for a pending transaction, so with one id per member a
+    zombie (paused past its session) still commits, and a new owner may read an offset a
+    pending transaction is about to move. With one id per partition, the new owner's
+    ``InitProducerId`` fences the zombie's producer and ends its open transaction.
+
+    Order on assignment (:meth:`_acquire`, in the rebalance listener): pause the partitions,
+    claim their ids, run the ``assigned`` callback, read their committed offsets afresh,
+    seek there and resume. aiokafka starts its own committed-offset refresh *before* calling
+    the listener, so the position it resolves may predate the claim; the explicit seek
+    replaces it and makes aiokafka drop anything fetched from the stale position, and
+    :meth:`fetch` drops records of partitions not claimed yet. A partition whose claim
+    failed (broker down), or whose transaction ended with an unknown outcome (a commit or
+    abort the broker did not confirm), stays paused and is claimed again by :meth:`fetch`:
+    the new claim waits for that transaction to end, and the fresh offset says whether it
+    committed, so the batch is neither lost nor committed twice.
     """
 
-    def __init__(self, subscriber: KafkaSubscriber, producer: KafkaTransactionalProducer) -> None:
+    def __init__(self, subscriber: KafkaSubscriber, prefix: str) -> None:
         self.subscriber = subscriber
-        self.producer = producer
+        self.prefix = prefix
+        self.config = subscriber.config
+        subscriber._hooks = self
+        self._producers: dict[TP, KafkaTransactionalProducer] = {}
+        self._ready: set[TP] = set()
+        """Owned partitions claimed and positioned: fetched from and written for."""
+        self._unclaimed: set[TP] = set()
+        """Owned partitions waiting for a (new) claim, paused meanwhile."""
+        self._fenced: set[TP] = set()
+        """Owned partitions whose id a newer owner claimed (until the next rebalance)."""
+        self._open: dict[TP, KafkaPartitionTransaction] = {}
+        self._generation = 0
+        """Bumped by every release, so a claim that raced a rebalance is discarded."""
+        self._claim_lock = asyncio.Lock()
+        self._next_claim_s = 0.0
+        self._claim_backoff_s = 0.0
+        self._assigned_cb: PartitionsCallback | None = None
+        self._revoked_cb: PartitionsCallback | None = None
+
+    @property
+    def group_id(self) -> str:
+        return self.subscriber.group_id
+
+    def on_rebalance(
+        self,
+        *,
+        assigned: PartitionsCallback | None = None,
+        revoked: PartitionsCallback | None = None,
+    ) -> None:
+        self._assigned_cb, self._revoked_cb = assigned, revoked
+
+    # -- claiming and releasing partitions ----------------------------------------------------
+
+    def _timeout_s(self) -> float:
+        """Bound on one claim or abort: a stalled broker must not stall the group task."""
+        return self.config.request_timeout_ms / 1000 * 2
+
+    async def _acquire(self, consumer: AIOKafkaConsumer, tps: frozenset[TP]) -> None:
+        """Newly assigned ``tps``: paused at once, then claimed (see the class docstring)."""
+        consumer.pause(*(TopicPartition(*tp) for tp in tps))
+        self._unclaimed |= tps
+        self._claim_backoff_s = 0.0
+        await self._claim(consumer, tps)
+
+    async def _claim(self, consumer: AIOKafkaConsumer, tps: frozenset[TP]) -> None:
+        """Claim ``tps``' ids, run ``assigned``, seek to the committed offsets, resume; what
+        fails stays in ``_unclaimed`` for the next try."""
+        async with self._claim_lock:
+            generation = self._generation
+            started = await asyncio.gather(*(self._start_producer(tp) for tp in sorted(tps)))
+            claimed = {tp: p for tp, p in zip(sorted(tps), started, strict=True) if p is not None}
+            try:
+                if generation != self._generation or not claimed:
+                    raise _Stale
+                if self._assigned_cb is not None:
+                    await self._assigned_cb(frozenset(claimed))
+                offsets = await self._committed_offsets(consumer, frozenset(claimed))
+                if generation != self._generation:
+                    raise _Stale
+            except Exception as exc:
+                if not isinstance(exc, _Stale):
+                    _log.warning("%s: claiming %s failed: %s", self, sorted(claimed), exc)
+                await asyncio.gather(*(self._stop_producer(p) for p in claimed.values()))
+                self._schedule_claim_retry()
+                return
+            # No await from here on: positions, readiness and producers change together.
+            live = {(t.topic, t.partition) for t in consumer.assignment()}
+            for tp, producer in claimed.items():
+                if tp not in live:
+                    continue
+                self._producers[tp] = producer
+                consumer.seek(TopicPartition(*tp), offsets[tp])
+                consumer.resume(TopicPartition(*tp))
+                self._unclaimed.discard(tp)
+                self._fenced.discard(tp)
+                self._ready.add(tp)
+            if len(claimed) < len(tps):
+                self._schedule_claim_retry()
+            else:
+                self._claim_backoff_s = 0.0
+
+    def _schedule_claim_retry(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._claim_backoff_s = min(max(self._claim_backoff_s * 2, 0.5), 10.0)
+        self._next_claim_s = loop.time() + self._claim_backoff_s
+
+    async def _start_producer(self, tp: TP) -> KafkaTransactionalProducer | None:
+        """A started producer for ``tp``'s id (InitProducerId: fences the previous holder and
+        waits for its open transaction to end), or None if the broker did not answer."""
+        old = self._producers.pop(tp, None)
+        if old is not None:
+            await self._stop_producer(old)
+        producer = KafkaTransactionalProducer(
+            self.config, partition_transactional_id(self.prefix, *tp)
+        )
+        try:
+            await asyncio.wait_for(producer.start(), self._timeout_s())
+        except (BusError, TimeoutError) as exc:
+            _log.warning("%s: claiming %s failed, retried later: %s", self, tp, exc)
+            await self._stop_producer(producer)
+            return None
+        return producer
+
+    async def _committed_offsets(
+        self, consumer: AIOKafkaConsumer, tps: frozenset[TP]
+    ) -> dict[TP, int]:
+        """Where each of ``tps`` resumes: its committed offset, read now (after the claim,
+        so it is stable), else the configured reset point."""
+        out: dict[TP, int] = {}
+        missing: list[TopicPartition] = []
+        for tp in sorted(tps):
+            committed = await consumer.committed(TopicPartition(*tp))
+            if committed is None:
+                missing.append(TopicPartition(*tp))
+            else:
+                out[tp] = committed
+        if missing:
+            if self.config.auto_offset_reset == "earliest":
+                reset = await consumer.beginning_offsets(missing)
+            else:
+                reset = await consumer.end_offsets(missing)
+            out |= {(t.topic, t.partition): off for t, off in reset.items()}
+        return out
+
+    async def _stop_producer(self, producer: KafkaTransactionalProducer) -> None:
+        """Stop ``producer`` (its open transaction is ended by the next claim), bounded."""
+        try:
+            await asyncio.wait_for(producer.stop(), self._timeout_s())
+        except Exception as exc:  # a dead producer must not stop a rebalance
+            _log.warning("%s: stopping producer %s: %s", self, producer.transactional_id, exc)
+
+    async def _release(self, tps: frozenset[TP]) -> None:
+        """Revoked ``tps`` (after the revoke grace): ``revoked`` callback, then their open
+        transactions are aborted and their producers stopped."""
+        self._generation += 1
+        if self._revoked_cb is not None and tps:
+            try:
+                await self._revoked_cb(tps)
+            except Exception:
+                _log.exception("%s: revoked callback failed for %s", self, sorted(tps))
+        stopping = []
+        for tp in tps:
+            self._ready.discard(tp)
+            self._unclaimed.discard(tp)
+            self._fenced.discard(tp)
+            txn = self._open.pop(tp, None)
+            producer = self._producers.pop(tp, None)
+            if producer is not None:
+                stopping.append(self._abort_and_stop(producer, txn is not None))
+        await asyncio.gather(*stopping)
+
+    async def _abort_and_stop(self, producer: KafkaTransactionalProducer, is_open: bool) -> None:
+        if is_open:
+            try:
+                await asyncio.wait_for(producer.abort(), self._timeout_s())
+            except Exception as exc:  # the next claim ends it anyway
+                _log.warning("%s: abort on revoke failed: %s", self, exc)
+        await self._stop_producer(producer)
+
+    def _unclaim(self, tp: TP, why: str) -> None:
+        """``tp``'s transaction ended with an unknown outcome: pause it and claim it anew
+        (the claim waits for that transaction to end; the fresh offset tells whether it
+        committed)."""
+        _log.warning("%s: re-claiming %s: %s", self, tp, why)
+        self._open.pop(tp, None)
+        self._ready.discard(tp)
+        producer = self._producers.pop(tp, None)
+        if producer is not None:
+            asyncio.get_running_loop().create_task(self._stop_producer(producer))
+        consumer = self.subscriber._consumer
+        if consumer is not None and tp in self.subscriber._live():
+            consumer.pause(TopicPartition(*tp))
+            self._unclaimed.add(tp)
+        self.subscriber._fetched.pop(tp, None)
+
+    def _fence(self, tp: TP) -> None:
+        """A newer owner claimed ``tp``'s id: never write for it again (until reassigned)."""
+        _log.warning("%s: partition %s was taken over by a newer owner (fenced)", self, tp)
+        self._open.pop(tp, None)
+        self._ready.discard(tp)
+        self._fenced.add(tp)
+        producer = self._producers.pop(tp, None)
+        if producer is not None:
+            asyncio.get_running_loop().create_task(self._stop_producer(producer))
+        consumer = self.subscriber._consumer
+        if consumer is not None and tp in self.subscriber._live():
+            consumer.pause(TopicPartition(*tp))
+        self.subscriber._fetched.pop(tp, None)
+
+    # -- the member API -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        # The producer first: claiming the id aborts a dead predecessor's open transaction
-        # before this member reads the offsets that transaction did not commit.
-        await self.producer.start()
-        try:
-            await self.subscriber.start()
-        except BaseException:
-            await self.producer.stop()
-            raise
+        await self.subscriber.start()
 
     async def stop(self) -> None:
+        # aiokafka's consumer.stop() leaves the group without calling the revoke listener.
+        owned = frozenset(self._ready | self._unclaimed | self._fenced | set(self._producers))
         try:
-            await self.subscriber.stop()
+            await self._release(owned)
         finally:
-            await self.producer.stop()
+            await self.subscriber.stop()
 
     async def fetch(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
-        return await self.subscriber.fetch(max_records, timeout_s)
+        consumer = self.subscriber._require()
+        waiting = frozenset(self._unclaimed & self.subscriber._live())
+        if waiting and asyncio.get_running_loop().time() >= self._next_claim_s:
+            await self._claim(consumer, waiting)
+        records = await self.subscriber.fetch(max_records, timeout_s)
+        dropped = {(r.topic, r.partition) for r in records} - self._ready
+        for tp in dropped:
+            # Fetched from a position resolved before the claim: the claim seeks anew.
+            self.subscriber._fetched.pop(tp, None)
+        return [r for r in records if (r.topic, r.partition) in self._ready]
 
-    def assignment(self) -> frozenset[tuple[str, int]]:
-        return self.subscriber.assignment()
+    def assignment(self) -> frozenset[TP]:
+        return frozenset(self._ready)
 
-    async def begin(self) -> None:
-        await self.producer.begin()
+    async def begin(self, tp: TP) -> KafkaPartitionTransaction:
+        tp = (tp[0], tp[1])
+        if tp in self._fenced:
+            raise TransactionFencedError(
+                f"transactional id {partition_transactional_id(self.prefix, *tp)!r} was "
+                "claimed by a newer owner"
+            )
+        producer = self._producers.get(tp)
+        if tp not in self._ready or producer is None or tp not in self.subscriber._live():
+            raise BusError(
+                f"partition {tp} is not owned and claimed by this member", retriable=True
+            )
+        if tp in self._open:
+            raise BusError(f"a transaction of {tp} is already open", retriable=False)
+        try:
+            await producer.begin()
+        except TransactionFencedError:
+            self._fence(tp)
+            raise
+        except BusError as exc:
+            self._unclaim(tp, f"begin failed: {exc}")
+            raise BusError(str(exc), retriable=True) from exc
+        txn = KafkaPartitionTransaction(self, tp, producer)
+        self._open[tp] = txn
+        return txn
+
+    async def rewind(self, records: Sequence[Record]) -> None:
+        await self.subscriber.rewind(records)
+
+    def __str__(self) -> str:
+        return f"transactional member of {self.group_id} ({self.prefix}.*)"
+
+
+class _Stale(Exception):
+    """A claim overtaken by a rebalance (or that claimed nothing): discard it."""
+
+
+class KafkaPartitionTransaction(PartitionTransaction):
+    """The open transaction of one input partition of a :class:`KafkaTransactionalMember`,
+    on that partition's own transactional producer."""
+
+    def __init__(
+        self, member: KafkaTransactionalMember, tp: TP, producer: KafkaTransactionalProducer
+    ) -> None:
+        self.member = member
+        self.tp = tp
+        self.producer = producer
+
+    def _check_open(self) -> None:
+        if self.member._open.get(self.tp) is not self:
+            if self.tp in self.member._fenced:
+                raise TransactionFencedError(
+                    f"partition {self.tp} was taken over by a newer owner during the transaction"
+                )
+            raise BusError(
+                f"the transaction of {self.tp} was ended (partition revoked, or failed); its "
+                "owner processes these records",
+                retriable=True,
+            )
 
     async def publish(
         self,
@@ -848,22 +1196,52 @@ class KafkaTransactionalMember(TransactionalMember):
         key: bytes | str | None = None,
         headers: Headers = (),
     ) -> None:
-        await self.producer.publish(topic, value, key=key, headers=headers)
+        self._check_open()
+        try:
+            await self.producer.publish(topic, value, key=key, headers=headers)
+        except TransactionFencedError:
+            self.member._fence(self.tp)
+            raise
+        except BusError as exc:
+            if exc.retriable:
+                raise
+            # The producer is in a fatal state: a new claim (a new producer) recovers.
+            self.member._unclaim(self.tp, f"publish failed: {exc}")
+            raise BusError(str(exc), retriable=True) from exc
 
     async def commit(self, records: Sequence[Record]) -> None:
+        self._check_open()
         offsets = next_offsets(records)
-        lost = sorted(set(offsets) - self.subscriber._live())
-        if lost:
+        others = sorted(set(offsets) - {self.tp})
+        if others:
+            raise ConfigError(
+                f"the transaction of {self.tp} cannot commit records of {others}: one "
+                "transaction per partition"
+            )
+        if self.tp not in self.member.subscriber._live():
+            await self.abort()
             raise BusError(
-                f"partitions {lost} were revoked during the transaction; their new owner "
+                f"partition {self.tp} was revoked during the transaction; its new owner "
                 "processes these records",
                 retriable=True,
             )
-        await self.producer.commit(offsets, self.subscriber.group_id)
-        self.subscriber._mark_committed(offsets)
-
-    async def abort(self, records: Sequence[Record]) -> None:
         try:
-            await self.producer.abort()
-        finally:
-            await self.subscriber.rewind(records)
+            await self.producer.commit(offsets, self.member.group_id)
+        except TransactionFencedError:
+            self.member._fence(self.tp)
+            raise
+        except BusError as exc:
+            # Did it commit? Only a new claim can tell (it waits for the transaction to end).
+            self.member._unclaim(self.tp, f"commit outcome unknown: {exc}")
+            raise BusError(str(exc), retriable=True) from exc
+        self.member._open.pop(self.tp, None)
+        self.member.subscriber._mark_committed(offsets)
+
+    async def abort(self) -> None:
+        if self.member._open.get(self.tp) is not self:
+            return
+        del self.member._open[self.tp]
+        try:
+            await asyncio.wait_for(self.producer.abort(), self.member._timeout_s())
+        except Exception as exc:  # any failure: let a new claim end it
+            self.member._unclaim(self.tp, f"abort failed: {exc}")

@@ -2,28 +2,32 @@
 
 :class:`Transformer` reads the events of some topics as a member of a consumer group, turns
 each into zero or more output events with an ``async transform(envelope, record)`` function
-and publishes them. One batch is one transaction of a
-:class:`~podium.bus.base.TransactionalMember`:
+and publishes them. Each partition's share of a fetched batch is one transaction of a
+:class:`~podium.bus.base.TransactionalMember` (transactional id ``prefix.topic.partition``,
+claimed by the partition's owner before it reads the partition's offset):
 
 1. fetch a batch (records of committed transactions only);
-2. begin a transaction;
+2. per input partition of the batch, begin that partition's transaction;
 3. per record: decode its envelope with the codec (the only place bytes become messages);
    skip an event id already committed (de-duplication, for upstream retries); call
    ``transform`` inside the producer's trace; publish every output as a codec envelope with
    the trace context, event id and event type in headers (as
-   :class:`~podium.bus.EventPublisher` does). A record that cannot be decoded, or whose
-   transform fails with a non-retriable error, goes unchanged to its topic's dead-letter
-   topic (:func:`~podium.bus.consumer.publish_dead_letter`) inside the same transaction, and
-   the partition moves on;
-4. commit the transaction with the offsets after the batch: outputs, dead letters and the
-   consumed position become visible together.
+   :class:`~podium.bus.EventPublisher` does). A record that cannot be decoded, whose
+   transform fails with a non-retriable error, or whose transform failed with retriable
+   errors ``max_attempts`` times, goes unchanged to its topic's dead-letter topic
+   (:func:`~podium.bus.consumer.publish_dead_letter`, with the error and the attempts)
+   inside the same transaction, and the partition moves on: poison never stops a service;
+4. commit the partition's transaction with the offset after its records: outputs, dead
+   letters and the consumed position become visible together.
 
 Any failure before the commit (a broker error, a retriable transform error, a partition
 revoked mid-batch) aborts the transaction and rewinds to the batch start; after a capped
 exponential backoff the batch is processed again: never skipped, never half visible. A crash
 has the same effect, because nothing of an open transaction is visible and the next owner
-starts from the last commit. A member whose transactional id was claimed by a newer one is
-fenced: :meth:`Transformer.run` stops and raises
+ends it when it claims the partition. A partition whose transactional id was claimed by a
+newer owner (this member was a zombie: paused past its session, say) is fenced: its batch is
+dropped uncommitted (the new owner processes it) and the other partitions go on; only when
+every partition is lost does :meth:`Transformer.run` stop and raise
 :class:`~podium.bus.base.TransactionFencedError`.
 
 Over :class:`~podium.bus.KafkaBus` this is Kafka's exactly-once (transactions,
@@ -44,8 +48,17 @@ from typing import Any
 from google.protobuf.message import Message
 
 from podium import codec, topics
-from podium.bus.base import Bus, Headers, Record, TopicSpec, TransactionFencedError
+from podium.bus.base import (
+    TP,
+    Bus,
+    Headers,
+    PartitionTransaction,
+    Record,
+    TopicSpec,
+    TransactionFencedError,
+)
 from podium.bus.consumer import (
+    DEFAULT_MAX_ATTEMPTS,
     RecentKeys,
     consume_span,
     encode_record,
@@ -80,7 +93,8 @@ class Output:
 
 Transform = Callable[[envelope_pb2.Envelope, Record], Awaitable[Sequence[Output]]]
 """``async def transform(envelope, record) -> [Output, ...]``; raise to reject the record:
-a retriable error retries the batch, any other dead-letters the record."""
+a retriable error retries the batch (up to ``max_attempts`` times for one record, then it is
+dead-lettered), any other dead-letters the record."""
 
 
 @dataclass
@@ -101,6 +115,9 @@ class TransformStats:
     """Poison records committed to a dead-letter topic."""
     duplicates: int = 0
     """Input events skipped because their event id was already committed."""
+    dropped: int = 0
+    """Partition batches dropped uncommitted because a newer owner had taken their partition
+    over (this member was fenced on it); the new owner processes them."""
 
 
 @dataclass
@@ -116,7 +133,7 @@ class _Tally:
 
 class Transformer:
     """Runs ``transform`` over every event of ``topics``, exactly once, as a member of
-    ``group_id`` holding ``transactional_id`` (see the module docstring).
+    ``group_id`` writing under ``transactional_id_prefix`` (see the module docstring).
 
     ``await start()`` (create topics, claim the transactional id, join the group), then
     ``await run()`` in a task; ``await stop()`` lets the batch in hand commit and ends it.
@@ -130,7 +147,7 @@ class Transformer:
         group_id: str,
         transform: Transform,
         *,
-        transactional_id: str,
+        transactional_id_prefix: str,
         producer_name: str,
         output_topics: Sequence[str] = (),
         max_batch: int = 100,
@@ -140,6 +157,7 @@ class Transformer:
         retry_backoff_s: float = 0.5,
         retry_backoff_max_s: float = 5.0,
         dedupe_capacity: int = 100_000,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         client_id: str = "",
     ) -> None:
         """
@@ -148,8 +166,10 @@ class Transformer:
             topics: topics to consume.
             group_id: consumer group; members of one group share the partitions.
             transform: turns one event into its outputs.
-            transactional_id: unique per live member and stable across its restarts, so a
-                restart fences the previous incarnation and aborts what it left open.
+            transactional_id_prefix: the same for every member of the group (and stable across
+                restarts), different from other groups reading the same topics: partition
+                (topic, p) is written under ``prefix.topic.p``, so whoever owns a partition
+                next fences whoever owned it before and ends what it left open.
             producer_name: this service instance, stamped on outputs and dead letters.
             output_topics: topics the outputs go to, created on start with the inputs and
                 their dead-letter topics.
@@ -160,14 +180,19 @@ class Transformer:
             retry_backoff_s: first delay before processing an aborted batch again.
             retry_backoff_max_s: cap of the exponentially growing delay.
             dedupe_capacity: committed event ids remembered for de-duplication.
+            max_attempts: tries of one record whose transform keeps failing with retriable
+                errors before it is dead-lettered with the last error.
             client_id: name of this member in broker logs (defaults to producer_name).
         """
         _check_settings(topics, producer_name, max_batch, retry_backoff_s, retry_backoff_max_s)
+        if max_attempts < 1:
+            raise ConfigError(f"max_attempts must be >= 1, got {max_attempts}")
         self.bus = bus
         self.topics = tuple(topics)
         self.group_id = group_id
         self.transform = transform
-        self.transactional_id = transactional_id
+        self.transactional_id_prefix = transactional_id_prefix
+        self.max_attempts = max_attempts
         self.producer_name = producer_name
         self.output_topics = tuple(output_topics)
         self.max_batch = max_batch
@@ -177,11 +202,14 @@ class Transformer:
         self.retry_backoff_s = retry_backoff_s
         self.retry_backoff_max_s = retry_backoff_max_s
         self.member = bus.transactional_member(
-            self.topics, group_id, transactional_id, client_id=client_id or producer_name
+            self.topics, group_id, transactional_id_prefix, client_id=client_id or producer_name
         )
+        self.member.on_rebalance(revoked=self._forget)
         self.stats = TransformStats()
         self.fenced = False
-        """Whether it stopped because a newer member claimed the transactional id."""
+        """Whether it stopped because newer owners took over every partition it had."""
+        self._attempts: dict[tuple[str, int, int], int] = {}
+        """Failed tries per (topic, partition, offset) of records not committed yet."""
         self._seen = RecentKeys(dedupe_capacity)
         self._delay = retry_backoff_s
         self._started = False
@@ -251,30 +279,43 @@ class Transformer:
             await self.member.stop()
 
     def __str__(self) -> str:
-        return f"transformer {self.group_id} ({self.transactional_id})"
+        return f"transformer {self.group_id} ({self.transactional_id_prefix}.*)"
 
     # -- one batch ----------------------------------------------------------------------------
 
     async def run_once(self) -> int:
-        """Fetch one batch and process it in one transaction; returns the records fetched."""
+        """Fetch one batch and process it, one transaction per partition; returns the records
+        fetched."""
         if not self._started:
             raise BusError("Transformer is not started: call start() or run()", retriable=False)
         batch = await self._fetch()
         if not batch:
             return 0
         self.stats.fetched += len(batch)
+        for tp, records in by_partition(batch).items():
+            await self._partition_batch(tp, records)
+        return len(batch)
+
+    async def _partition_batch(self, tp: TP, records: Sequence[Record]) -> None:
+        """One partition's records in one transaction; a failure aborts and rewinds them."""
         try:
-            await self._transact(batch)
-        except TransactionFencedError:
-            _log.error("%s: fenced by a newer member; stopping", self)
+            await self._transact(tp, records)
+        except TransactionFencedError as exc:
+            self.stats.dropped += 1
+            if self.member.assignment():
+                _log.warning("%s: %s was taken over by a newer owner; batch dropped", self, tp)
+                return
+            _log.error("%s: every partition was taken over by newer owners; stopping", self)
             self.fenced = True
             self._stopping.set()
-            raise
+            raise TransactionFencedError(
+                f"{self}: every partition was taken over by newer owners (another member "
+                f"uses transactional id prefix {self.transactional_id_prefix!r}): {exc}"
+            ) from exc
         except Exception as exc:
             if not is_retriable(exc):
                 raise
-            await self._abort(batch, exc)
-        return len(batch)
+            await self._abort(records, exc)
 
     async def _fetch(self) -> list[Record]:
         """The next batch; a retriable fetch failure is retried with backoff."""
@@ -289,15 +330,21 @@ class Transformer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_backoff_max_s)
 
-    async def _transact(self, batch: Sequence[Record]) -> None:
-        """Begin, process every record, commit with the batch's offsets."""
-        await self.member.begin()
+    async def _transact(self, tp: TP, records: Sequence[Record]) -> None:
+        """Begin ``tp``'s transaction, process its records, commit with their offset."""
+        txn = await self.member.begin(tp)
         tally = _Tally()
-        for record in batch:
-            await self._process(record, tally)
-        await self.member.commit(batch)
+        try:
+            for record in records:
+                await self._process(txn, record, tally)
+            await txn.commit(records)
+        except BaseException:
+            await txn.abort()
+            raise
         for event_id in tally.ids:
             self._seen.add(event_id)
+        for record in records:
+            self._attempts.pop((record.topic, record.partition, record.offset), None)
         self._delay = self.retry_backoff_s
         s = self.stats
         s.transactions += 1
@@ -306,20 +353,21 @@ class Transformer:
         s.dead_lettered += tally.dead_lettered
         s.duplicates += tally.duplicates
         _log.debug(
-            "%s: committed %d records: %d transformed, %d dead-lettered, %d duplicates",
+            "%s: committed %d records of %s: %d transformed, %d dead-lettered, %d duplicates",
             self,
-            len(batch),
+            len(records),
+            tp,
             tally.transformed,
             tally.dead_lettered,
             tally.duplicates,
         )
 
-    async def _process(self, record: Record, tally: _Tally) -> None:
+    async def _process(self, txn: PartitionTransaction, record: Record, tally: _Tally) -> None:
         """One record into the open transaction: its outputs, or its dead letter."""
         try:
             envelope = codec.decode_envelope(record.value)
         except DecodeError as exc:
-            await self._dead_letter(record, exc)
+            await self._dead_letter(txn, record, exc)
             tally.dead_lettered += 1
             return
         event_id = envelope.event_id
@@ -331,18 +379,31 @@ class Transformer:
                 outputs = await self.transform(envelope, record)
                 encoded = [self._encode(out) for out in outputs]
             except Exception as exc:
-                if is_retriable(exc):
+                attempts = self._attempt(record) if is_retriable(exc) else None
+                if attempts is not None and attempts < self.max_attempts:
                     raise
-                # Bad data or a bug on this one record: retrying cannot help, and it must
-                # not stall its partition.
-                await self._dead_letter(record, exc)
+                # Bad data, a bug, or a retriable failure that kept failing: retrying (more)
+                # cannot help, and it must not stall its partition.
+                await self._dead_letter(txn, record, exc, attempts)
                 tally.dead_lettered += 1
             else:
                 for topic, key, data, headers in encoded:
-                    await self.member.publish(topic, data, key=key, headers=headers)
+                    await txn.publish(topic, data, key=key, headers=headers)
                 tally.transformed += 1
                 tally.produced += len(encoded)
         tally.ids.append(event_id)
+
+    def _attempt(self, record: Record) -> int:
+        """Count one more failed try of ``record``; returns the tries so far."""
+        key = (record.topic, record.partition, record.offset)
+        if len(self._attempts) >= _MAX_TRACKED and key not in self._attempts:
+            self._attempts.clear()  # bounded memory; worst case a record gets more tries
+        self._attempts[key] = self._attempts.get(key, 0) + 1
+        return self._attempts[key]
+
+    async def _forget(self, tps: frozenset[TP]) -> None:
+        """Revoked partitions: their records' tries are counted by their next owner."""
+        self._attempts = {k: v for k, v in self._attempts.items() if (k[0], k[1]) not in tps}
 
     def _encode(self, out: Output) -> tuple[str, str, bytes, Headers]:
         """An output as a record (topic, key, value, headers), in a producer span."""
@@ -357,21 +418,33 @@ class Transformer:
             )
         return out.topic, out.key, data, headers
 
-    async def _dead_letter(self, record: Record, exc: BaseException) -> None:
+    async def _dead_letter(
+        self,
+        txn: PartitionTransaction,
+        record: Record,
+        exc: BaseException,
+        attempts: int | None = None,
+    ) -> None:
         _log.warning(
-            "%s: dead-lettering %s[%d]@%d: %s",
+            "%s: dead-lettering %s[%d]@%d after %s: %s",
             self,
             record.topic,
             record.partition,
             record.offset,
+            f"{attempts} tries" if attempts else "a non-retriable error",
             exc,
         )
         await publish_dead_letter(
-            self.member, record, exc, group_id=self.group_id, producer=self.producer_name
+            txn,
+            record,
+            exc,
+            group_id=self.group_id,
+            producer=self.producer_name,
+            attempts=attempts,
         )
 
     async def _abort(self, batch: Sequence[Record], exc: BaseException) -> None:
-        """Abort the open transaction, rewind to the batch, back off (cut short by stop)."""
+        """Rewind to the (aborted) batch and back off (cut short by stop)."""
         self.stats.aborted += 1
         _log.warning(
             "%s: transaction aborted; its %d records are processed again in %.2fs: %s",
@@ -380,10 +453,22 @@ class Transformer:
             self._delay,
             exc,
         )
-        await self.member.abort(batch)
+        await self.member.rewind(batch)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), self._delay)
         self._delay = min(self._delay * 2, self.retry_backoff_max_s)
+
+
+_MAX_TRACKED = 100_000
+"""Most records whose failed tries are counted at once."""
+
+
+def by_partition(records: Sequence[Record]) -> dict[TP, list[Record]]:
+    """``records`` grouped by (topic, partition), each group in fetch (offset) order."""
+    out: dict[TP, list[Record]] = {}
+    for r in records:
+        out.setdefault((r.topic, r.partition), []).append(r)
+    return out
 
 
 def _check_settings(

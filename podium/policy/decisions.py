@@ -37,6 +37,7 @@ from podium.envs.swarm.actions import ActionCodec
 from podium.envs.swarm.observation import ObservationLayout
 from podium.envs.swarm.trajectory import DecisionData
 from podium.errors import DecodeError
+from podium.policy.versions import policy_version_number
 from podium.v1 import trajectory_pb2
 
 
@@ -87,18 +88,33 @@ def encode_observation(values: NDArray[np.float32]) -> bytes:
 
 def decode_observation(data: bytes, count: int, what: str) -> NDArray[np.float32]:
     """The ``count`` float32 values of an ``observation_tensor`` (flat); DecodeError naming
-    ``what`` if it is not that."""
+    ``what`` if it is not that, or if a value is not finite.
+
+    The bytes come off the bus: decompression stops one byte past what ``count`` floats need
+    (a small record must not inflate into gigabytes), and a NaN or infinity is refused (one
+    in a batch turns every trained weight into NaN).
+    """
+    inflate = zlib.decompressobj()
     try:
-        raw = zlib.decompress(data)
+        raw = inflate.decompress(data, 4 * count + 1)
     except zlib.error as exc:
         raise DecodeError(
             f"{what}: observation_tensor is not zlib-compressed float32 ({exc})"
         ) from exc
+    if len(raw) > 4 * count or inflate.unconsumed_tail:
+        raise DecodeError(f"{what}: observation_tensor holds more than the {count} floats expected")
+    if not inflate.eof:
+        raise DecodeError(f"{what}: observation_tensor is a truncated zlib stream")
+    if inflate.unused_data:
+        raise DecodeError(f"{what}: observation_tensor has bytes after its zlib stream")
     if len(raw) != 4 * count:
         raise DecodeError(
             f"{what}: observation_tensor holds {len(raw) // 4} floats, expected {count}"
         )
-    return np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    values = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    if not np.isfinite(values).all():
+        raise DecodeError(f"{what}: observation_tensor holds a non-finite value (NaN or inf)")
+    return values
 
 
 def encode_swarm_observation(
@@ -330,5 +346,5 @@ def episode_from_trajectory(
             "loop_detected": traj.loop_detected,
             "task": traj.task.name,
         },
-        policy_version=int(traj.policy_version or 0),
+        policy_version=policy_version_number(traj.policy_version),
     )

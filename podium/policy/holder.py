@@ -7,6 +7,12 @@ reference in one assignment under a lock. The old object is never mutated, so a 
 started on version N finishes on version N, and the next one sees N+1. A version that fails to
 load (missing, corrupt, tampered, wrong shape) raises :class:`~podium.errors.ArtifactError`
 and leaves the previous version serving.
+
+Announcements (:meth:`PolicyHolder.on_policy_updated`) are admitted only when
+:mod:`podium.policy.signing` says so: hashed, signed by a trusted key over model, version and
+hashes, and newer than the serving version. Weights are always checked against a hash the
+caller trusts (the signed announcement's), never against a ``.sha256`` sidecar, which is
+rewritten as easily as the file beside it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from podium.errors import ArtifactError, ProcessingError
 from podium.policy.artifacts import LoadedWeights, load_into, load_weights, path_from_uri
+from podium.policy.signing import TrustedKeys, verify_announcement
 
 if TYPE_CHECKING:
     from podium.rl.networks import ActorCritic
@@ -47,11 +54,17 @@ class PolicyHolder(Generic[P]):
     """Holds the serving policy; ``build`` turns verified weights into a policy object.
 
     Thread-safe and usable from asyncio (:meth:`aload` runs the file work in a thread so the
-    event loop keeps deciding while a new version loads).
+    event loop keeps deciding while a new version loads). ``trusted``: the keys announcements
+    must be signed by; without them every announcement is refused (:meth:`load` with a hash the
+    caller already trusts still works, e.g. a run's own files).
     """
 
-    def __init__(self, build: Callable[[LoadedWeights], P]) -> None:
+    def __init__(
+        self, build: Callable[[LoadedWeights], P], trusted: TrustedKeys | None = None
+    ) -> None:
         self._build = build
+        self.trusted = trusted
+        """Keys whose signed announcements are admitted (None: none are)."""
         self._served: Served[P] | None = None
         self._swap_lock = threading.Lock()
         self.last_error: ArtifactError | None = None
@@ -75,18 +88,25 @@ class PolicyHolder(Generic[P]):
         served = self.current()
         return served.version, fn(served.policy)
 
-    def load(self, uri: str | Path, version: int, sha256: str | None = None) -> Served[P]:
-        """Verify and build version ``version`` and swap to it if newer than the serving one.
+    def load(self, uri: str | Path, version: int, sha256: str) -> Served[P]:
+        """Verify the file against ``sha256``, build version ``version`` and swap to it if
+        newer than the serving one.
 
         Returns the snapshot now serving (the old one when ``version`` is not newer: a late,
         duplicated ``PolicyUpdated`` must not roll the policy back). On any failure raises
-        :class:`ArtifactError`; the previous version keeps serving.
+        :class:`ArtifactError`; the previous version keeps serving. An empty ``sha256`` is
+        refused: falling back to the sidecar would trust whoever rewrote the file.
         """
         served = self._served
         if served is not None and version <= served.version:
             return served
         path = path_from_uri(str(uri))
         try:
+            if not sha256:
+                raise ArtifactError(
+                    f"{path}: version {version} has no expected sha256; refusing to trust its "
+                    "sidecar file"
+                )
             weights = load_weights(path, sha256)
             policy = self._build(weights)
         except ArtifactError as exc:
@@ -115,19 +135,32 @@ class PolicyHolder(Generic[P]):
         self.last_error = None
         return new
 
-    async def on_policy_updated(self, event: PolicyUpdated) -> bool:
-        """Apply a ``PolicyUpdated`` event: True if it now serves, False if it was rejected.
+    def admit(self, event: PolicyUpdated) -> None:
+        """Raise :class:`~podium.policy.signing.RefusedAnnouncement` (kept in
+        :attr:`last_error`) unless ``event`` may be served: hashed, signed by a trusted key,
+        newer than the serving version (:func:`~podium.policy.signing.verify_announcement`)."""
+        try:
+            verify_announcement(event, self.trusted, self.version)
+        except ArtifactError as exc:
+            self.last_error = exc
+            raise
 
-        A rejected version is not an exception here: a consumer loop must keep going (and
-        keep serving the previous version); the reason is in :attr:`last_error`.
+    async def on_policy_updated(self, event: PolicyUpdated) -> bool:
+        """Apply a ``PolicyUpdated`` event: True if it now serves, False if it was refused.
+
+        A refused version is not an exception here: a consumer loop must keep going (and
+        keep serving the previous version); the reason is in :attr:`last_error` (a
+        :class:`~podium.policy.signing.RefusedAnnouncement` for a broken rule of
+        :meth:`admit`, an :class:`ArtifactError` for a file that does not verify or build).
         """
         try:
-            served = await self.aload(event.uri, int(event.version), event.sha256 or None)
+            self.admit(event)
+            served = await self.aload(event.uri, int(event.version), event.sha256)
         except ArtifactError:
             return False
         return served.version == int(event.version)
 
-    async def aload(self, uri: str | Path, version: int, sha256: str | None = None) -> Served[P]:
+    async def aload(self, uri: str | Path, version: int, sha256: str) -> Served[P]:
         """:meth:`load` in a worker thread, so decisions on the event loop keep running."""
         return await asyncio.to_thread(self.load, uri, version, sha256)
 

@@ -22,6 +22,7 @@ from podium.errors import ArtifactError
 from podium.policy.agent import SwarmAgent, guard_mask
 from podium.policy.artifacts import ArtifactRef, LoadedWeights, load_weights, publish_weights
 from podium.policy.network import NetworkConfig, SwarmPolicyNet
+from podium.policy.versions import is_version_number
 
 if TYPE_CHECKING:
     from podium.envs.swarm.observation import ObservationLayout
@@ -179,7 +180,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if candidate.is_file():
             return candidate
     versions = sorted(
-        (d for d in (p / "checkpoints" / MODEL_NAME).glob("*") if d.name.isdigit()),
+        (d for d in (p / "checkpoints" / MODEL_NAME).glob("*") if is_version_number(d.name)),
         key=lambda d: int(d.name),
     )
     if versions and (versions[-1] / "model.safetensors").is_file():

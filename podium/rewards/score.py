@@ -11,11 +11,11 @@ j over the six detectors. ``components`` reports weight_k · raw_k, so the total
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from podium.policy.versions import policy_version_number
 from podium.rewards import components as C
 from podium.rewards import detectors as D
 from podium.rewards.config import STAGES, RewardConfig, reward_version
@@ -187,15 +187,13 @@ def _normalised_stage_weight(
     return getattr(config.multi_stage, stage) / total if total > 0 else 0.0
 
 
-_VERSION_NUMBER = re.compile(r"(\d+)(?!.*\d)")
-
-
 def progress_from_policy_version(policy_version: str, per_version: float) -> float:
     """Training progress implied by the acting policy's version: its last integer × per_version.
 
     ``"12"``, ``"v12"`` and ``"orchestrator:12"`` are all version 12; a version without a
     number (the rule engine, ``"cpls"``) is progress 0. Deriving progress from the trajectory
-    itself keeps live scoring and later re-scoring identical.
+    itself keeps live scoring and later re-scoring identical. A malformed version (not
+    printable ASCII, say ``"²"``) raises :class:`~podium.errors.DecodeError`
+    (:func:`podium.policy.versions.policy_version_number`, the one parser).
     """
-    m = _VERSION_NUMBER.search(policy_version)
-    return int(m.group(1)) * per_version if m else 0.0
+    return policy_version_number(policy_version) * per_version

@@ -37,6 +37,7 @@ from torch import nn
 
 from podium.config import env
 from podium.errors import ArtifactError, ConfigError, PodiumError, ProcessingError
+from podium.policy.versions import is_version_number
 from podium.serving.contract import (
     INPUT_NAMES,
     OUTPUT_NAMES,
@@ -251,7 +252,9 @@ class ServedPolicy:
                 f"{self.url}: asked to load {self.model_name} version {version}, but the server "
                 f"serves {versions or 'nothing'} (is {version} the newest version directory?)"
             )
-        return max(versions, key=lambda v: int(v) if v.isdigit() else -1) if versions else ""
+        return (
+            max(versions, key=lambda v: int(v) if is_version_number(v) else -1) if versions else ""
+        )
 
     def unload(self) -> None:
         """Ask the server to unload the model (all versions)."""

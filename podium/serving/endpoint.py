@@ -6,6 +6,7 @@ service configs can validate the setting at start-up without importing either.
 
 from __future__ import annotations
 
+from podium.config import is_port
 from podium.errors import ConfigError
 
 LOCAL = "local"
@@ -22,7 +23,7 @@ def parse_backend(spec: str) -> str | None:
     if text.startswith(V2_SCHEME):
         address = text[len(V2_SCHEME) :].rstrip("/")
         host, sep, port = address.rpartition(":")
-        if sep and host and port.isdigit() and 0 < int(port) < 65536:
+        if sep and host and is_port(port):
             return address
     raise ConfigError(
         f"PODIUM_POLICY_BACKEND={spec!r} is invalid: expected 'local' or 'v2://HOST:PORT' "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from podium.errors import ConfigError
+from podium.policy.versions import is_version_number
 
 CONFIG_FILE = "config.pbtxt"
 """File name of a model's configuration inside the repository."""
@@ -274,4 +275,4 @@ def version_dirs(model_dir: str | Path) -> list[int]:
     root = Path(model_dir)
     if not root.is_dir():
         return []
-    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and is_version_number(p.name))

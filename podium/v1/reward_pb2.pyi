@@ -188,6 +188,8 @@ class PolicyUpdated(_message.Message):
     ONNX_URI_FIELD_NUMBER: _builtins.int
     ONNX_SHA256_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    SIGNING_KEY_ID_FIELD_NUMBER: _builtins.int
     model_name: _builtins.str
     """Model name in the repository."""
     version: _builtins.int
@@ -200,6 +202,15 @@ class PolicyUpdated(_message.Message):
     """Where the ONNX export is, if any."""
     onnx_sha256: _builtins.str
     """sha256 of the ONNX file, hex."""
+    signature: _builtins.bytes
+    """Ed25519 signature by the learner's signing key over the canonical announcement
+    (model_name, version, sha256, onnx_sha256; podium/policy/signing.py). Orchestrators refuse
+    an announcement whose signature is missing or does not verify against a trusted key.
+    """
+    signing_key_id: _builtins.str
+    """Id of the key that made `signature` (first 16 hex digits of the sha256 of its raw public
+    key), so trusted keys can rotate: several may be trusted at once.
+    """
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Training metrics at publish time."""
@@ -214,10 +225,12 @@ class PolicyUpdated(_message.Message):
         onnx_uri: _builtins.str = ...,
         onnx_sha256: _builtins.str = ...,
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        signature: _builtins.bytes = ...,
+        signing_key_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics", "model_name", b"model_name", "onnx_sha256", b"onnx_sha256", "onnx_uri", b"onnx_uri", "sha256", b"sha256", "uri", b"uri", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics", "model_name", b"model_name", "onnx_sha256", b"onnx_sha256", "onnx_uri", b"onnx_uri", "sha256", b"sha256", "signature", b"signature", "signing_key_id", b"signing_key_id", "uri", b"uri", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

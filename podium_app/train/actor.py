@@ -7,7 +7,8 @@ pure sampling function subagent_svc uses (:meth:`SubagentPool.sample`, keyed by 
 seed and the unit of work), which keeps training at thousands of decisions per second and lets
 the actor replay any session with a rule engine under the same luck: the rollout baseline it
 attaches to each trajectory (``Trajectory.baseline``). It follows ``PolicyUpdated`` on the bus
-and hot-swaps to each version after verifying it, exactly as orchestrator_svc does.
+and hot-swaps to each version after verifying it (signed by the run's own key, hashed, newer),
+exactly as orchestrator_svc does.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from podium.policy.decisions import Episode
 from podium.policy.holder import PolicyHolder
 from podium.policy.network import SwarmPolicyNet
 from podium.policy.rollout import Job, run_episodes
+from podium.policy.signing import OUT_OF_SEQUENCE, RefusedAnnouncement, TrustedKeys
 from podium.policy.swarm import MODEL_NAME, build_swarm_policy
 from podium.v1 import envelope_pb2, reward_pb2, trajectory_pb2
 
@@ -37,9 +39,11 @@ ServedPolicy = tuple[SwarmPolicyNet, tuple[str, ...]]
 class Actor:
     """Runs sessions with the served version; see the module docstring."""
 
-    def __init__(self, envs: list[SwarmEnv], seed: int) -> None:
+    def __init__(self, envs: list[SwarmEnv], seed: int, trusted: TrustedKeys | None) -> None:
+        """``trusted``: the run's public key (announcements signed by anything else, or by
+        anything at all when None, are refused)."""
         self.envs = envs
-        self.holder: PolicyHolder[ServedPolicy] = PolicyHolder(build_swarm_policy)
+        self.holder: PolicyHolder[ServedPolicy] = PolicyHolder(build_swarm_policy, trusted)
         self.generator = torch.Generator().manual_seed(seed)
 
     def agent(self) -> tuple[int, SwarmAgent]:
@@ -109,6 +113,9 @@ class VersionFollower:
         if event.model_name != MODEL_NAME or not event.uri.startswith(self.artifacts_uri):
             return  # another model, or another run's learner on a shared broker
         if not await self.actor.holder.on_policy_updated(event):
+            err = self.actor.holder.last_error
+            if isinstance(err, RefusedAnnouncement) and err.reason == OUT_OF_SEQUENCE:
+                return  # a restarted learner re-announcing a version already served
             raise PodiumError(
                 f"actor rejected policy v{event.version}: {self.actor.holder.last_error}"
             )

@@ -47,7 +47,7 @@ def evaluate_policies(
     results: dict[str, list[Episode]] = {}
     for name in ("sequential", "greedy", "cpls"):
         results[name], _ = run_episodes(envs, jobs, rule=name)
-    learned = Actor(envs, seed)
+    learned = Actor(envs, seed, actor.holder.trusted)
     learned.holder = actor.holder
     _, results["learned"], _ = learned.run(jobs, greedy=True)
     out_tasks: list[dict[str, Any]] = []

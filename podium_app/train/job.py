@@ -52,6 +52,7 @@ from podium.policy.agent import SwarmAgent
 from podium.policy.artifacts import path_from_uri
 from podium.policy.holder import PolicyHolder
 from podium.policy.rollout import Job, run_episodes
+from podium.policy.signing import TrustedKeys
 from podium.policy.swarm import build_swarm_policy, save_policy
 from podium.v1 import reward_pb2, trajectory_pb2
 from podium_app.train.actor import Actor, VersionFollower, publish_trajectories
@@ -62,7 +63,12 @@ from podium_app.train.evaluate import (
     ratio_to_bound,
     write_trajectories,
 )
-from podium_app.train.services import Deployment, EmbeddedServices, ProcessServices
+from podium_app.train.services import (
+    Deployment,
+    EmbeddedServices,
+    ProcessServices,
+    run_key_pair,
+)
 
 T = TypeVar("T")
 
@@ -273,7 +279,7 @@ async def _finish(
         raise PodiumError("no version completed the validation sessions as well as cpls")
     best = run.best.event
     best_path = path_from_uri(best.uri)
-    run.actor.holder = PolicyHolder(build_swarm_policy)
+    run.actor.holder = PolicyHolder(build_swarm_policy, run.actor.holder.trusted)
     await run.actor.holder.aload(best_path, int(best.version), best.sha256)
     summary = await asyncio.to_thread(
         evaluate_policies,
@@ -319,7 +325,8 @@ def _new_run(config: TrainConfig, bus: Bus, say: Progress) -> _Run:
     pool = default_pool()
     env_cfg = EnvConfig(max_subtasks=tasks.max_size, invalid_action="raise")
     envs = SwarmEnv.replicas(config.num_envs, tasks.train, pool, env_cfg)
-    actor = Actor(envs, config.seed)
+    # The run's own key pair: the learner signs with it, the actor trusts only it.
+    actor = Actor(envs, config.seed, TrustedKeys.load(str(run_key_pair(config).public_path)))
     tag = f"{config.run_dir.name}-{int(time.time() * 1000)}"
     kafka = is_kafka_url(config.bus)
     services: Deployment = ProcessServices(config, tag) if kafka else EmbeddedServices(config, tag)

@@ -9,6 +9,9 @@ Both deployments run the same two services with the same settings: reward_svc (s
 * :class:`ProcessServices` (``kafka://``): ``python -m reward_svc`` and ``python -m
   learner_svc`` as processes against the broker, configured through the same environment
   variables an operator sets, built from the same settings objects.
+
+Either way the run makes its own Ed25519 key pair in ``<run_dir>/keys`` (:func:`run_key_pair`):
+the learner signs its announcements with the private key, the actor trusts only the public one.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from learner_svc.loop import LearningLoop, LoopApp
 from podium import rewards, topics
 from podium.bus import Bus
 from podium.bus.base import TopicSpec
-from podium.bus.kafka import KafkaBus
+from podium.bus.kafka import SASL_PASSWORD_ENV, KafkaBus
 from podium.errors import ConfigError, PodiumError
+from podium.policy.signing import KeyPair, ensure_key_pair
 from podium.service import App
 from podium_app.processes import SERVICES_ROOT, ServiceProcesses
 from podium_app.train.config import TrainConfig
@@ -58,6 +62,12 @@ class RunTopics:
         )
 
 
+def run_key_pair(config: TrainConfig) -> KeyPair:
+    """The run's private signing pair, ``<run_dir>/keys/policy-signing.{pem,pub}``, made on
+    first use: zero setup, and no other run's (or deployment's) key is trusted by this run."""
+    return ensure_key_pair(config.run_dir.resolve() / "keys")
+
+
 def learner_settings(
     config: TrainConfig, init: Path, max_subtasks: int, run_topics: RunTopics
 ) -> tuple[LoopSettings, SwarmSettings]:
@@ -76,6 +86,7 @@ def learner_settings(
         artifacts_dir=str(run / "checkpoints"),
         model_repository=str(config.model_repository.resolve()) if config.model_repository else "",
         init=str(init.resolve()),
+        signing_key=str(run_key_pair(config).private_path),
         max_subtasks=max_subtasks,
         seed=config.seed,
         learning_rate=ppo.learning_rate,
@@ -210,7 +221,13 @@ class ProcessServices:
 
     def environments(self, init: Path, max_subtasks: int) -> dict[str, dict[str, str]]:
         """Module and environment of every process, by service."""
-        base = {k: v for k, v in os.environ.items() if not k.startswith("PODIUM_")}
+        # None of the caller's PODIUM_* settings leak in, except the broker password: the bus
+        # URL names the SASL user, and a password never travels in a URL.
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("PODIUM_") or k == SASL_PASSWORD_ENV
+        }
         base["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(SERVICES_ROOT), os.environ.get("PYTHONPATH", "")) if p
         )
@@ -220,7 +237,7 @@ class ProcessServices:
             "PODIUM_REWARD_GROUP": f"{self.tag}.reward",
             "PODIUM_REWARD_IN_TOPIC": self.topics.trajectories,
             "PODIUM_REWARD_OUT_TOPIC": self.topics.scored,
-            "PODIUM_REWARD_TRANSACTIONAL_ID": f"{self.tag}-reward-0",
+            "PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX": f"{self.tag}.reward",
             "PODIUM_INSTANCE": f"{self.tag}-reward",
         }
         learner = {
@@ -260,5 +277,6 @@ __all__ = [
     "ProcessServices",
     "RunTopics",
     "learner_settings",
+    "run_key_pair",
     "settings_env",
 ]

@@ -6,7 +6,13 @@ import torch
 
 from podium import codec
 from podium.bus.base import Bus, RecordMetadata
+from podium.bus.consumer import EventPublisher
+from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool
+from podium.envs.swarm.generator import generate_suite
+from podium.envs.swarm.trajectory import ACTIONS_LABEL, SAMPLED
+from podium.policy.agent import SwarmAgent
 from podium.policy.decisions import encode_mask, encode_observation
+from podium.policy.rollout import Job, run_episodes
 from podium.rl.networks import ActorCritic
 from podium.v1 import reward_pb2, trajectory_pb2
 
@@ -65,3 +71,43 @@ async def publish_trajectories(
         _, data = codec.encode_event(msg, producer="test", key=tid)
         landed.append(await bus.publish(topic, data, key=tid))
     return landed
+
+
+def swarm_trajectories(
+    agent: SwarmAgent, ids: list[str], version: str, *, max_subtasks: int = 16, seed0: int = 0
+) -> list[trajectory_pb2.Trajectory]:
+    """One sampled session per id on small generated tasks, acted by ``agent`` and labelled as
+    version ``version`` (what the orchestrator writes for a learned policy's sessions)."""
+    tasks = generate_suite(6, seed=5, sizes=(4, 8))
+    env = SwarmEnv(
+        tasks, default_pool(), EnvConfig(max_subtasks=max_subtasks, invalid_action="raise")
+    )
+    _, trajs = run_episodes(
+        [env],
+        [Job(tasks[i % len(tasks)], seed0 + i) for i in range(len(ids))],
+        agent=agent,
+        generator=torch.Generator().manual_seed(seed0),
+        with_trajectories=True,
+    )
+    for tid, traj in zip(ids, trajs, strict=True):
+        traj.trajectory_id = traj.session_id = tid
+        traj.policy_version = version
+        traj.labels[ACTIONS_LABEL] = SAMPLED
+    return trajs
+
+
+async def publish_scored(
+    bus: Bus,
+    topic: str,
+    trajs: list[trajectory_pb2.Trajectory],
+    totals: dict[str, float] | None = None,
+) -> list[RecordMetadata]:
+    """Each trajectory as reward_svc would emit it (keyed by session, total 0.5 unless
+    ``totals`` names another for its id); where each landed."""
+    pub = EventPublisher(bus, producer_name="reward-test")
+    out = []
+    for t in trajs:
+        total = (totals or {}).get(t.trajectory_id, 0.5)
+        scored = reward_pb2.ScoredTrajectory(trajectory=t, total=total, reward_version="test")
+        out.append((await pub.publish(topic, scored, key=t.session_id)).metadata)
+    return out

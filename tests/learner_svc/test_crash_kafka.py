@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from kafka_helpers import client_kwargs, config_for, kafka_url
 
 from learner_svc.algorithms.swarm import swarm_layout
 from learner_svc.checkpoint import load_checkpoint
 from podium import codec
-from podium.bus import KafkaBus, KafkaConfig
+from podium.bus import KafkaBus
 from podium.bus.base import TopicSpec
 from podium.bus.consumer import EventPublisher
 from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool
@@ -33,6 +34,7 @@ from podium.envs.swarm.trajectory import SAMPLED
 from podium.policy.agent import SwarmAgent
 from podium.policy.artifacts import load_weights, path_from_uri
 from podium.policy.rollout import Job, run_episodes
+from podium.policy.signing import ensure_key_pair
 from podium.policy.swarm import MODEL_NAME, save_policy
 from podium.v1 import reward_pb2
 
@@ -54,11 +56,12 @@ def _learner(
         "PODIUM_LEARNER_IN_TOPIC": f"test.scored.{run}",
         "PODIUM_LEARNER_POLICY_TOPIC": f"test.policy.{run}",
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]),
-        "PODIUM_BUS": f"kafka://{bootstrap}?session_timeout_ms=6000&heartbeat_interval_ms=250",
+        "PODIUM_BUS": kafka_url(bootstrap, session_timeout_ms=6000, heartbeat_interval_ms=250),
         "PODIUM_LEARNER_MODE": "swarm",
         "PODIUM_GROUP_ID": group,
         "PODIUM_LEARNER_CHECKPOINT_DIR": str(tmp / "ckpt"),
         "PODIUM_LEARNER_ARTIFACTS": str(tmp / "artifacts"),
+        "PODIUM_POLICY_SIGNING_KEY": str(ensure_key_pair(tmp / "keys").private_path),
         "PODIUM_LEARNER_INIT": str(init),
         "PODIUM_LEARNER_BATCH": str(BATCH),
         "PODIUM_LEARNER_MAX_LAG": "1000",
@@ -70,14 +73,14 @@ def _learner(
 
 async def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     """The group's committed offset on each partition of the scored topic."""
-    bus = KafkaBus(KafkaConfig(bootstrap, client_id="test-admin"))
+    bus = KafkaBus(config_for(bootstrap, client_id="test-admin"))
     await bus.start()
     try:
         partitions = await bus.partitions(topic)
     finally:
         await bus.stop()
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+        **client_kwargs(bootstrap), group_id=group, enable_auto_commit=False
     )
     await consumer.start()
     try:
@@ -95,7 +98,7 @@ async def _own_policy_events(
     """This run's announcements."""
     consumer = AIOKafkaConsumer(
         topic,
-        bootstrap_servers=bootstrap,
+        **client_kwargs(bootstrap),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
     )
@@ -139,7 +142,7 @@ async def _publish(
     bootstrap: str, topic: str, scored: list[reward_pb2.ScoredTrajectory]
 ) -> set[int]:
     """Publish; the partitions the records landed on."""
-    bus = KafkaBus(KafkaConfig(bootstrap, client_id="test-producer"))
+    bus = KafkaBus(config_for(bootstrap, client_id="test-producer"))
     await bus.start()
     try:
         pub = EventPublisher(bus, producer_name="test-reward")
@@ -158,7 +161,7 @@ async def test_swarm_learner_killed_between_checkpoint_and_commit(
     run = uuid.uuid4().hex[:8]
     group = f"crash-learner-{run}"
     scored_topic, policy_topic = f"test.scored.{run}", f"test.policy.{run}"
-    bus = KafkaBus(KafkaConfig(kafka_bootstrap, client_id="test-admin"))
+    bus = KafkaBus(config_for(kafka_bootstrap, client_id="test-admin"))
     await bus.start()
     try:
         await bus.create_topics(

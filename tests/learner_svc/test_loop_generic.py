@@ -27,6 +27,7 @@ from podium.bus.base import TopicSpec
 from podium.bus.consumer import DLQ_ERROR, DLQ_SOURCE_OFFSET
 from podium.errors import ArtifactError, ProcessingError
 from podium.policy.artifacts import load_weights, path_from_uri
+from podium.policy.signing import TrustedKeys, ensure_key_pair
 from podium.v1 import reward_pb2
 
 TOPIC = "test.scored"
@@ -56,6 +57,7 @@ def _learner(config: LoopConfig, bus: InProcBus, **kw: object) -> LearningLoop[o
             obs_dim=OBS_DIM,
             n_actions=N_ACTIONS,
             artifacts_dir=config.checkpoint_dir.parent / "artifacts",
+            signing_key=str(ensure_key_pair(config.checkpoint_dir.parent / "keys").private_path),
             minibatch_size=20,
         )
     )
@@ -115,7 +117,9 @@ async def test_killed_between_checkpoint_and_commit_trains_each_trajectory_once(
     events = await _policy_events(bus)
     versions = sorted({e.version for e in events})
     assert versions == [0, 1, 2, 3, 4, 5]  # 0: the starting weights, announced on start
-    for e in events:  # every announced version verifies against its hash
+    trusted = TrustedKeys.load(str(ensure_key_pair(tmp_path / "keys").public_path))
+    for e in events:  # every announced version is signed and verifies against its hash
+        trusted.verify(e)
         assert load_weights(path_from_uri(e.uri), e.sha256).metadata["version"] == str(e.version)
 
 

@@ -6,6 +6,7 @@ uses the rollout baseline a trajectory carries."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from podium.errors import ConfigError
 from podium.policy.agent import SwarmAgent
 from podium.policy.artifacts import load_weights
 from podium.policy.rollout import Job, run_episodes
+from podium.policy.signing import ensure_key_pair
 from podium.policy.swarm import MODEL_NAME, save_policy
 from podium.v1 import reward_pb2, trajectory_pb2
 
@@ -31,6 +33,7 @@ from podium.v1 import reward_pb2, trajectory_pb2
 def settings(tmp_path: Path, init: str = "") -> SwarmSettings:
     return SwarmSettings(
         artifacts_dir=str(tmp_path / "artifacts"),
+        signing_key=str(ensure_key_pair(tmp_path / "keys").private_path),
         init=init,
         learning_rate=3e-4,
         learning_rate_end=3e-5,
@@ -141,6 +144,13 @@ def test_swarm_mode_config_errors_name_the_variables(tmp_path: Path) -> None:
         )
     with pytest.raises(ConfigError, match="PODIUM_LEARNER_INIT"):
         SwarmPPO.from_settings(settings(tmp_path, init=str(tmp_path / "missing.safetensors")))
+    # A learner that could not sign would publish versions every orchestrator refuses.
+    with pytest.raises(ConfigError, match=r"PODIUM_POLICY_SIGNING_KEY is not set.*keys generate"):
+        SwarmPPO.from_settings(replace(settings(tmp_path), signing_key=""))
+    with pytest.raises(ConfigError, match=r"PODIUM_POLICY_SIGNING_KEY=.*not an unencrypted PEM"):
+        bad = tmp_path / "placeholder.pem"
+        bad.write_text("REPLACE-ME")
+        SwarmPPO.from_settings(replace(settings(tmp_path), signing_key=str(bad)))
 
 
 def test_rollout_baseline_is_subtracted_from_the_score(tmp_path: Path) -> None:
@@ -191,7 +201,13 @@ def test_critic_warmup_leaves_the_policy_as_it_was(tmp_path: Path) -> None:
     agent = SwarmAgent(layout)
     trajs = trajectories(agent, 4, "0", "sampled")
     algo = SwarmPPO(
-        SwarmSettings(artifacts_dir=str(tmp_path / "a"), critic_warmup_updates=1), layout, None
+        SwarmSettings(
+            artifacts_dir=str(tmp_path / "a"),
+            critic_warmup_updates=1,
+            signing_key=settings(tmp_path).signing_key,
+        ),
+        layout,
+        None,
     )
     algo.agent.net.load_state_dict(agent.net.state_dict())
     batch = [

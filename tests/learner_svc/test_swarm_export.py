@@ -25,6 +25,7 @@ from podium.errors import ArtifactError
 from podium.policy.agent import SwarmAgent
 from podium.policy.artifacts import load_weights, path_from_uri, sha256_file
 from podium.policy.rollout import Job, run_episodes
+from podium.policy.signing import TrustedKeys, ensure_key_pair
 from podium.policy.swarm import (
     MODEL_NAME,
     build_swarm_policy,
@@ -38,7 +39,9 @@ from podium.v1 import reward_pb2
 
 def learner(tmp_path: Path, bus: InProcBus) -> LearningLoop[SwarmSample]:
     settings = SwarmSettings(
-        artifacts_dir=str(tmp_path / "artifacts"), model_repository=str(tmp_path / "models")
+        artifacts_dir=str(tmp_path / "artifacts"),
+        model_repository=str(tmp_path / "models"),
+        signing_key=str(ensure_key_pair(tmp_path / "keys").private_path),
     )
     loop = LoopConfig(
         checkpoint_dir=tmp_path / "ckpt",
@@ -112,6 +115,10 @@ async def test_learner_exports_each_published_version_and_announces_it(tmp_path:
         assert events[0].onnx_uri == events[0].onnx_sha256 == ""
         assert not (repository / MODEL_NAME / "0").exists()
         assert_onnx_is_the_version(events[1], repository)
+        # Signed with the learner's key over model, version, weights and ONNX hashes.
+        trusted = TrustedKeys.load(str(ensure_key_pair(tmp_path / "keys").public_path))
+        for event in events:
+            trusted.verify(event)
         assert (repository / MODEL_NAME / "config.pbtxt").is_file()
 
         # A restarted learner re-announces version 1 from its checkpoint: same ONNX file.
@@ -126,6 +133,7 @@ async def test_learner_exports_each_published_version_and_announces_it(tmp_path:
         assert re_announced.version == 1
         assert re_announced.onnx_uri == events[1].onnx_uri
         assert re_announced.onnx_sha256 == events[1].onnx_sha256
+        trusted.verify(re_announced)
     finally:
         await watch.stop()
         await bus.stop()

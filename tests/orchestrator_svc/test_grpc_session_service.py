@@ -1,4 +1,4 @@
-"""SessionService over real gRPC on loopback: health, reflection, sessions, errors, deadlines."""
+"""SessionService over real gRPC on loopback: health, sessions, errors, deadlines."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import grpc
 import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from svc_helpers import LOGIN_TASK
 
 from orchestrator_svc.grpc_api import FIELD_METADATA_KEY
@@ -25,9 +24,7 @@ def _trailing_field(exc: grpc.aio.AioRpcError) -> str:
     return dict(exc.trailing_metadata() or ()).get(FIELD_METADATA_KEY, "")
 
 
-async def test_health_serving_and_reflection(
-    inproc_bus: InProcBus, stack_factory: Callable[..., Any]
-) -> None:
+async def test_health_serving(inproc_bus: InProcBus, stack_factory: Callable[..., Any]) -> None:
     async with stack_factory(inproc_bus) as stack:
         health = health_pb2_grpc.HealthStub(stack.channel)
         for service in ("", "podium.v1.SessionService"):
@@ -36,14 +33,7 @@ async def test_health_serving_and_reflection(
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await health.Check(health_pb2.HealthCheckRequest(service="no.Such"), timeout=5)
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
-
-        refl = reflection_pb2_grpc.ServerReflectionStub(stack.channel)
-        call = refl.ServerReflectionInfo(timeout=5)
-        await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
-        response = await call.read()
-        await call.done_writing()
-        names = {s.name for s in response.list_services_response.service}
-        assert {"podium.v1.SessionService", "grpc.health.v1.Health"} <= names
+        # Reflection is opt-in (PODIUM_GRPC_REFLECTION): test_grpc_edge.py tests both ways.
 
 
 async def test_submit_and_stream_to_the_end(

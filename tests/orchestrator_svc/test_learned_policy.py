@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from signing_helpers import key_pair, signed
 
 from orchestrator_svc import OrchestratorApp, OrchestratorConfig
 from podium import topics
@@ -27,6 +28,7 @@ from podium.policy.agent import SwarmAgent
 from podium.policy.artifacts import ArtifactRef
 from podium.policy.decisions import episode_from_trajectory
 from podium.policy.rollout import Job, run_episodes
+from podium.policy.signing import KeyPair
 from podium.policy.swarm import MODEL_NAME, save_policy
 from podium.v1 import reward_pb2, task_pb2, trajectory_pb2
 from subagent_svc import SubagentApp, SubagentConfig
@@ -49,7 +51,13 @@ class SeededEnv(SwarmEnv):
 
 
 @pytest.fixture
-async def learned_stack() -> AsyncIterator[tuple[InProcBus, OrchestratorApp]]:
+def keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPair:
+    """The learner's key pair; the orchestrator trusts its public half."""
+    return key_pair(tmp_path_factory.mktemp("keys"))
+
+
+@pytest.fixture
+async def learned_stack(keys: KeyPair) -> AsyncIterator[tuple[InProcBus, OrchestratorApp]]:
     bus = InProcBus()
     await bus.start()
     orch = OrchestratorApp(
@@ -57,6 +65,7 @@ async def learned_stack() -> AsyncIterator[tuple[InProcBus, OrchestratorApp]]:
             bus_url="embedded",
             group_id="lt.orchestrator",
             policy="learned",
+            policy_trusted_keys=str(keys.public_path),
             session_timeout_s=20.0,
             shutdown_timeout_s=5.0,
         ),
@@ -88,10 +97,19 @@ def fresh_policy(root: Path, version: int, seed: int) -> tuple[ArtifactRef, Swar
     return ref, agent
 
 
-async def announce(bus: InProcBus, ref: ArtifactRef, *, sha256: str | None = None) -> None:
+async def announce(
+    bus: InProcBus, ref: ArtifactRef, keys: KeyPair, *, sha256: str | None = None
+) -> None:
+    """The learner's signed announcement of ``ref`` (with ``sha256`` instead of its hash: a
+    learner that announced a hash its file does not have)."""
     event = reward_pb2.PolicyUpdated(
         model_name=MODEL_NAME, version=ref.version, uri=ref.uri, sha256=sha256 or ref.sha256
     )
+    await publish_event(bus, signed(event, keys))
+
+
+async def publish_event(bus: InProcBus, event: reward_pb2.PolicyUpdated) -> None:
+    """Put ``event`` on the policy topic as it is."""
     await EventPublisher(bus, producer_name="test").publish(
         topics.POLICY_UPDATES, event, key=MODEL_NAME
     )
@@ -126,7 +144,7 @@ async def wait_version(orch: OrchestratorApp, version: int) -> None:
 
 
 async def test_cold_start_then_hot_swap_and_rejected_versions(
-    learned_stack: tuple[InProcBus, OrchestratorApp], tmp_path: Path
+    learned_stack: tuple[InProcBus, OrchestratorApp], keys: KeyPair, tmp_path: Path
 ) -> None:
     bus, orch = learned_stack
     task = tasks()[0]
@@ -136,14 +154,14 @@ async def test_cold_start_then_hot_swap_and_rejected_versions(
     assert not any(d.observation_tensor for d in cold.decisions)
 
     ref1, _ = fresh_policy(tmp_path, 1, seed=1)
-    await announce(bus, ref1)
+    await announce(bus, ref1, keys)
     await wait_version(orch, 1)
     first = await run_session(bus, orch, task, 5, "grpc:ide")
     assert first.policy_version == "1" and first.labels["actions"] == "argmax"
 
     # A tampered announcement (wrong sha256) is refused; version 1 keeps serving.
     ref2, _ = fresh_policy(tmp_path, 2, seed=2)
-    await announce(bus, ref2, sha256="0" * 64)
+    await announce(bus, ref2, keys, sha256="0" * 64)
     await asyncio.sleep(0.3)
     assert orch.learned is not None and orch.learned.version == 1
     assert "sha256 mismatch" in str(orch.learned.holder.last_error)
@@ -151,20 +169,20 @@ async def test_cold_start_then_hot_swap_and_rejected_versions(
     assert again.policy_version == "1"
 
     # The genuine announcement of version 2 swaps; a late version-1 event cannot roll back.
-    await announce(bus, ref2)
+    await announce(bus, ref2, keys)
     await wait_version(orch, 2)
-    await announce(bus, ref1)
+    await announce(bus, ref1, keys)
     await asyncio.sleep(0.2)
     assert orch.learned.version == 2
     assert (await run_session(bus, orch, task, 7, "grpc:ide")).policy_version == "2"
 
 
 async def test_training_sessions_sample_and_match_the_embedded_trainer_bytes(
-    learned_stack: tuple[InProcBus, OrchestratorApp], tmp_path: Path
+    learned_stack: tuple[InProcBus, OrchestratorApp], keys: KeyPair, tmp_path: Path
 ) -> None:
     bus, orch = learned_stack
     ref, agent = fresh_policy(tmp_path, 1, seed=4)
-    await announce(bus, ref)
+    await announce(bus, ref, keys)
     await wait_version(orch, 1)
     pool = default_pool()
     for i, task in enumerate(tasks()[:3]):

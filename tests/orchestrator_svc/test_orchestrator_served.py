@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import grpc.aio
 import numpy as np
 import pytest
 import torch
+from signing_helpers import key_pair, signed
 from svc_helpers import LOGIN_TASK
 
 from orchestrator_svc import OrchestratorApp, OrchestratorConfig
@@ -92,9 +94,16 @@ def publish_version(
     return swarm_policy_updated(ref, export_swarm_policy(agent.net, repository, version))
 
 
+_KEYS_DIR = tempfile.TemporaryDirectory(prefix="served-keys-")
+KEYS = key_pair(Path(_KEYS_DIR.name))
+"""The learner's signing pair; the orchestrators trust its public half."""
+
+
 async def announce(bus: InProcBus, event: reward_pb2.PolicyUpdated) -> None:
+    """Publish ``event`` signed by the learner's key (as the learner signs what it announces,
+    even a hash its file turns out not to have)."""
     await EventPublisher(bus, producer_name="test-learner").publish(
-        topics.POLICY_UPDATES, event, key=MODEL_NAME
+        topics.POLICY_UPDATES, signed(event, KEYS), key=MODEL_NAME
     )
 
 
@@ -112,6 +121,7 @@ async def orchestrator(
             grpc_host="127.0.0.1",
             grpc_port=0,
             policy="learned",
+            policy_trusted_keys=str(KEYS.public_path),
             policy_backend=backend,
             serving_timeout_s=10.0,
             serving_ready_timeout_s=10.0,

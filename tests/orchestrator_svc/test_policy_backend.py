@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from signing_helpers import key_pair, signed, trusted
 
 from orchestrator_svc import OrchestratorApp, OrchestratorConfig
 from orchestrator_svc.learned import (
@@ -72,7 +73,7 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_start_fails_naming_the_backend_when_no_server_answers() -> None:
+async def test_start_fails_naming_the_backend_when_no_server_answers(tmp_path: Path) -> None:
     bus = InProcBus()
     await bus.start()
     backend = f"v2://127.0.0.1:{closed_port()}"
@@ -80,6 +81,7 @@ async def test_start_fails_naming_the_backend_when_no_server_answers() -> None:
         OrchestratorConfig(
             bus_url="embedded",
             policy="learned",
+            policy_trusted_keys=str(key_pair(tmp_path).public_path),
             policy_backend=backend,
             serving_ready_timeout_s=0.5,
         ),
@@ -164,19 +166,30 @@ async def test_versions_a_served_backend_cannot_run_are_refused_before_the_serve
     backend = ServedPolicy(
         f"127.0.0.1:{closed_port()}", MODEL_NAME, serving_signature(agent.net), timeout_s=1.0
     )
-    source = LearnedPolicySource(agents, backend=backend)
+    pair = key_pair(tmp_path / "keys")
+    source = LearnedPolicySource(agents, trusted=trusted(pair), backend=backend)
     try:
         ref = save_policy(agent.net, tmp_path / "artifacts", 1, agents, max_subtasks="64")
-        assert not await source.on_policy_updated(swarm_policy_updated(ref))
+        assert not await source.on_policy_updated(signed(swarm_policy_updated(ref), pair))
         assert "without an ONNX export" in str(source.holder.last_error)
         assert "PODIUM_MODEL_REPOSITORY" in str(source.holder.last_error)
 
         exported = export_swarm_policy(agent.net, tmp_path / "repo", 1)
-        event = swarm_policy_updated(ref, exported)
+        event = signed(swarm_policy_updated(ref, exported), pair)
+        # Unsigned, or altered after signing: refused before any file or server is touched.
+        unsigned = swarm_policy_updated(ref, exported)
+        assert not await source.on_policy_updated(unsigned)
+        assert "unsigned" in str(source.holder.last_error)
+        altered = reward_pb2.PolicyUpdated()
+        altered.CopyFrom(event)
+        altered.onnx_sha256 = "0" * 64
+        assert not await source.on_policy_updated(altered)
+        assert "does not verify" in str(source.holder.last_error)
+        # Signed, but the file does not hash to what was signed: refused as well.
         tampered = reward_pb2.PolicyUpdated()
         tampered.CopyFrom(event)
         tampered.onnx_sha256 = "0" * 64
-        assert not await source.on_policy_updated(tampered)
+        assert not await source.on_policy_updated(signed(tampered, pair))
         assert "sha256 mismatch" in str(source.holder.last_error)
         assert str(exported.path) in str(source.holder.last_error)
 
@@ -184,7 +197,7 @@ async def test_versions_a_served_backend_cannot_run_are_refused_before_the_serve
         bad_weights = reward_pb2.PolicyUpdated()
         bad_weights.CopyFrom(event)
         bad_weights.sha256 = "1" * 64
-        assert not await source.on_policy_updated(bad_weights)
+        assert not await source.on_policy_updated(signed(bad_weights, pair))
         assert "sha256 mismatch" in str(source.holder.last_error)
         assert source.version is None  # still the cold-start rule engine
 

@@ -23,11 +23,13 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from kafka_helpers import broker_config, client_kwargs, config_for, kcat_args
 
 from podium import codec
 from podium.bus import EventPublisher, KafkaBus, KafkaConfig, TopicSpec
 from podium.errors import BusError
 from podium.v1 import task_pb2
+from podium_app.kafka_auth import Login
 from podium_app.kafka_broker import KafkaBroker, metadata_brokers
 
 pytestmark = pytest.mark.kafka
@@ -81,11 +83,11 @@ async def kafka_bus(
 
 @pytest.mark.slow
 async def test_idempotent_producer_survives_kill9_and_restart(
-    own_broker: KafkaBroker, unique: Names, kafka_config: Callable[..., KafkaConfig]
+    own_broker: KafkaBroker, unique: Names
 ) -> None:
     topic = unique("crash")
     total, workers = 400, 8
-    bus = KafkaBus(kafka_config(own_broker.bootstrap, request_timeout_ms=20_000))
+    bus = KafkaBus(broker_config(own_broker, request_timeout_ms=20_000))
     await bus.start()
     await bus.create_topics([TopicSpec(topic, partitions=3)])
     pub = EventPublisher(bus, producer_name="crash-test")
@@ -139,7 +141,7 @@ async def test_idempotent_producer_survives_kill9_and_restart(
     # Consume everything from the restarted broker and dedupe by event id.
     consumer = AIOKafkaConsumer(
         topic,
-        bootstrap_servers=own_broker.bootstrap,
+        **broker_config(own_broker).client_kwargs(),
         group_id=unique("verify"),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
@@ -171,7 +173,7 @@ async def test_idempotent_producer_survives_kill9_and_restart(
 async def test_transactions_commit_and_abort(kafka_bootstrap: str, unique: Names) -> None:
     topic = unique("txn")
     producer = AIOKafkaProducer(
-        bootstrap_servers=kafka_bootstrap, transactional_id=unique("txn-id"), acks="all"
+        **client_kwargs(kafka_bootstrap), transactional_id=unique("txn-id"), acks="all"
     )
     await producer.start()
     try:
@@ -190,7 +192,7 @@ async def test_transactions_commit_and_abort(kafka_bootstrap: str, unique: Names
     async def read(isolation: str, want: int) -> list[bytes]:
         consumer = AIOKafkaConsumer(
             topic,
-            bootstrap_servers=kafka_bootstrap,
+            **client_kwargs(kafka_bootstrap),
             group_id=unique("read"),
             auto_offset_reset="earliest",
             enable_auto_commit=False,
@@ -221,7 +223,7 @@ async def test_consume_transform_produce_commits_offsets_in_the_transaction(
     kafka_bootstrap: str, unique: Names
 ) -> None:
     source, sink, group = unique("ctp-in"), unique("ctp-out"), unique("ctp")
-    plain = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+    plain = AIOKafkaProducer(**client_kwargs(kafka_bootstrap), enable_idempotence=True)
     await plain.start()
     for i in range(5):
         await plain.send_and_wait(source, str(i).encode(), key=b"k", partition=0)
@@ -229,13 +231,13 @@ async def test_consume_transform_produce_commits_offsets_in_the_transaction(
 
     consumer = AIOKafkaConsumer(
         source,
-        bootstrap_servers=kafka_bootstrap,
+        **client_kwargs(kafka_bootstrap),
         group_id=group,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         isolation_level="read_committed",
     )
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=unique("ctp"))
+    producer = AIOKafkaProducer(**client_kwargs(kafka_bootstrap), transactional_id=unique("ctp"))
     await consumer.start()
     await producer.start()
     try:
@@ -262,7 +264,7 @@ async def test_consume_transform_produce_commits_offsets_in_the_transaction(
         await consumer.stop()
     reader = AIOKafkaConsumer(
         sink,
-        bootstrap_servers=kafka_bootstrap,
+        **client_kwargs(kafka_bootstrap),
         group_id=unique("check"),
         auto_offset_reset="earliest",
         isolation_level="read_committed",
@@ -290,7 +292,7 @@ async def test_kcat_and_protoc_read_what_podium_wrote(
     )
     # The exact commands of docs/kafka.md. Blocking tools run in a thread, off the event loop.
     listing = await _run(
-        kcat, "-b", kafka_bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-q",
+        kcat, *kcat_args(kafka_bootstrap), "-C", "-t", topic, "-o", "beginning", "-e", "-q",
         "-f", "%t %p %o %k\\n",
     )  # fmt: skip
     assert listing.decode().split() == [
@@ -300,7 +302,8 @@ async def test_kcat_and_protoc_read_what_podium_wrote(
         "sess-42",
     ]
     value = await _run(
-        kcat, "-b", kafka_bootstrap, "-C", "-t", topic, "-o", "beginning", "-c", "1", "-e", "-q",
+        kcat, *kcat_args(kafka_bootstrap), "-C", "-t", topic, "-o", "beginning", "-c", "1",
+        "-e", "-q",
         "-f", "%s",
     )  # fmt: skip
     assert value == sent.envelope.SerializeToString()
@@ -314,6 +317,10 @@ async def test_kcat_and_protoc_read_what_podium_wrote(
 
 
 def test_readiness_probe_speaks_the_kafka_protocol(kafka_bootstrap: str) -> None:
-    host, port = kafka_bootstrap.rsplit(",", 1)[-1].rsplit(":", 1)
-    brokers = metadata_brokers(host, int(port))
+    cfg = config_for(kafka_bootstrap)
+    host, port = cfg.bootstrap_servers.rsplit(",", 1)[-1].rsplit(":", 1)
+    login = None
+    if cfg.security_protocol == "SASL_SSL":  # the secured broker: TLS, then a SCRAM login
+        login = Login(Path(cfg.ssl_cafile), cfg.sasl_username, cfg.sasl_password)
+    brokers = metadata_brokers(host, int(port), login=login)
     assert (host, int(port)) in {(h, p) for _, h, p in brokers}

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from kafka_helpers import client_kwargs, kafka_url
 from test_reward_svc_kafka import _read_all, _start_service
 
 from podium import codec
@@ -125,13 +126,13 @@ async def loaded_env(
 ) -> AsyncIterator[dict[str, str]]:
     """Service settings on fresh topics whose input already holds N trajectories."""
     in_topic, out_topic = unique("app.in"), unique("app.out")
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin = AIOKafkaAdminClient(**client_kwargs(kafka_bootstrap))
     await admin.start()
     try:
         await admin.create_topics([NewTopic(in_topic, 1, 1)])  # one partition: ordered batches
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    producer = AIOKafkaProducer(**client_kwargs(kafka_bootstrap), acks="all")
     await producer.start()
     try:
         builders = list(EXAMPLES.values())
@@ -145,11 +146,13 @@ async def loaded_env(
     yield {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "PODIUM_BUS": f"kafka://{kafka_bootstrap}?session_timeout_ms=6000&heartbeat_interval_ms=500",
+        "PODIUM_BUS": kafka_url(
+            kafka_bootstrap, session_timeout_ms=6000, heartbeat_interval_ms=500
+        ),
         "PODIUM_REWARD_IN_TOPIC": in_topic,
         "PODIUM_REWARD_OUT_TOPIC": out_topic,
         "PODIUM_REWARD_GROUP": unique("app.group"),
-        "PODIUM_REWARD_TRANSACTIONAL_ID": unique("app.txn"),
+        "PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX": unique("app.txn"),
         "PODIUM_REWARD_MAX_BATCH": str(BATCH),
         "PODIUM_REWARD_POLL_MS": "200",
     }
@@ -196,10 +199,12 @@ async def test_sigterm_mid_transaction_commits_the_batch_and_exits_0(
 
 @pytest.mark.kafka
 @pytest.mark.slow
-async def test_a_fenced_replica_exits_1_naming_the_transactional_id(
-    kafka_bootstrap: str, loaded_env: dict[str, str], tmp_path: Path
+async def test_a_replica_fenced_on_every_partition_exits_1_naming_the_prefix(
+    kafka_bootstrap: str, loaded_env: dict[str, str], unique: Callable[[str], str], tmp_path: Path
 ) -> None:
-    """Two live replicas sharing a transactional id: the older one is fenced and says why."""
+    """Another group on the same topic with the same transactional id prefix (a deployment
+    error) takes the partition ids over: the first replica loses every partition to it, and
+    stops saying so instead of idling."""
     out_topic = loaded_env["PODIUM_REWARD_OUT_TOPIC"]
     slow = {**loaded_env, "PODIUM_REWARD_RECORD_DELAY_MS": "150"}
     log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
@@ -211,12 +216,12 @@ async def test_a_fenced_replica_exits_1_naming_the_transactional_id(
             assert first.poll() is None, log_a.read_text()
             if await _read_all(kafka_bootstrap, out_topic, "read_uncommitted"):
                 break
-        # A second process with the same transactional id: its InitProducerId bumps the epoch.
-        second = _start_service(slow, log_b)
+        # Same prefix, other group: its claim of the partition's id bumps the epoch.
+        second = _start_service({**slow, "PODIUM_REWARD_GROUP": unique("app.other")}, log_b)
         assert first.wait(timeout=60) == 1, log_a.read_text()
         text = log_a.read_text()
-        assert "ERROR podium.service: reward_svc: fenced: another reward_svc instance" in text
-        assert "PODIUM_REWARD_TRANSACTIONAL_ID must be unique per replica" in text
+        assert "ERROR podium.service: reward_svc: fenced: newer owners took over every" in text
+        assert "PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX must be the same" in text
         # A clean exit, not an uncaught exception out of ``python -m``. (aiokafka may still log
         # an internal future of the fenced batch as "never retrieved": library noise.)
         assert 'File "<frozen runpy>"' not in text
@@ -227,10 +232,3 @@ async def test_a_fenced_replica_exits_1_naming_the_transactional_id(
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    # Whatever the fenced replica had in flight was aborted; nothing is committed twice.
-    committed = await _read_all(kafka_bootstrap, out_topic, "read_committed")
-    ids = [
-        codec.decode_event(r.value, reward_pb2.ScoredTrajectory)[1].trajectory.trajectory_id  # type: ignore[attr-defined]
-        for r in committed
-    ]
-    assert len(ids) == len(set(ids))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -73,21 +72,31 @@ def test_from_env_defaults_use_the_topic_constants() -> None:
     assert (shared.instance, shared.producer_name, shared.topic_partitions) == ("r-7", "r-7", 6)
 
 
-def test_transactional_id_is_unique_per_replica_unless_set() -> None:
-    """Replicas must not fence each other: the default comes from the instance or host name."""
+def test_transactional_id_prefix_is_shared_by_the_replicas_of_a_group() -> None:
+    """Replicas must fence each other per partition: the default prefix is the group id, the
+    same for every replica whatever its instance or host name."""
     a = RewardServiceConfig(bus_url="kafka://h:1", instance="reward-a")
     b = RewardServiceConfig(bus_url="kafka://h:1", instance="reward-b")
-    assert (a.transactional_id, b.transactional_id) == (
-        "reward_svc-reward-a",
-        "reward_svc-reward-b",
+    assert a.transactional_id_prefix == b.transactional_id_prefix == "reward_svc"
+    other_group = from_env(
+        RewardServiceConfig, {"PODIUM_BUS": "kafka://h:1", "PODIUM_REWARD_GROUP": "rescore"}
     )
-    host = RewardServiceConfig(bus_url="kafka://h:1")
-    assert host.transactional_id == f"reward_svc-{socket.gethostname()}"
+    assert other_group.transactional_id_prefix == "rescore"
     explicit = from_env(
         RewardServiceConfig,
-        {"PODIUM_BUS": "kafka://h:1", "PODIUM_REWARD_TRANSACTIONAL_ID": "reward-0"},
+        {"PODIUM_BUS": "kafka://h:1", "PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX": "reward-x"},
     )
-    assert explicit.transactional_id == "reward-0"
+    assert explicit.transactional_id_prefix == "reward-x"
+
+
+def test_the_retired_per_replica_transactional_id_is_refused_naming_its_replacement() -> None:
+    with pytest.raises(ConfigError) as err:
+        from_env(
+            RewardServiceConfig,
+            {"PODIUM_BUS": "kafka://h:1", "PODIUM_REWARD_TRANSACTIONAL_ID": "reward_svc-pod-0"},
+        )
+    assert "PODIUM_REWARD_TRANSACTIONAL_ID" in str(err.value)
+    assert "PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX" in str(err.value)
 
 
 def test_service_fails_fast_naming_the_missing_variable() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from kafka_helpers import client_kwargs, kafka_url
 
 from podium import codec, topics
 from podium.bus.consumer import DLQ_ERROR, DLQ_ERROR_TYPE, DLQ_SOURCE_OFFSET, DLQ_SOURCE_TOPIC
@@ -35,7 +36,7 @@ BATCH = 10
 async def _read_all(bootstrap: str, topic: str, isolation: str) -> list[object]:
     """Every record of ``topic`` visible at ``isolation`` (no group, from the beginning)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, isolation_level=isolation, enable_auto_commit=False
+        **client_kwargs(bootstrap), isolation_level=isolation, enable_auto_commit=False
     )
     await consumer.start()
     try:
@@ -74,7 +75,7 @@ async def service_env(
     kafka_bootstrap: str, unique: Callable[[str], str]
 ) -> AsyncIterator[dict[str, str]]:
     names = {"in": unique("reward.in"), "out": unique("reward.out")}
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin = AIOKafkaAdminClient(**client_kwargs(kafka_bootstrap))
     await admin.start()
     try:
         await admin.create_topics([NewTopic(names["in"], 3, 1)])
@@ -84,11 +85,13 @@ async def service_env(
         **os.environ,
         "PYTHONPATH": str(ROOT),
         # Short session timeout: after the kill, the dead member leaves the group quickly.
-        "PODIUM_BUS": f"kafka://{kafka_bootstrap}?session_timeout_ms=6000&heartbeat_interval_ms=500",
+        "PODIUM_BUS": kafka_url(
+            kafka_bootstrap, session_timeout_ms=6000, heartbeat_interval_ms=500
+        ),
         "PODIUM_REWARD_IN_TOPIC": names["in"],
         "PODIUM_REWARD_OUT_TOPIC": names["out"],
         "PODIUM_REWARD_GROUP": unique("reward.group"),
-        "PODIUM_REWARD_TRANSACTIONAL_ID": unique("reward.txn"),
+        "PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX": unique("reward.txn"),
         "PODIUM_REWARD_MAX_BATCH": str(BATCH),
         "PODIUM_REWARD_POLL_MS": "200",
     }
@@ -103,7 +106,7 @@ async def test_exactly_once_across_a_kill_mid_batch(
     builders = list(EXAMPLES.values())
     sent: dict[str, str] = {}  # trajectory id -> expected reward_version
     producer = AIOKafkaProducer(
-        bootstrap_servers=kafka_bootstrap, enable_idempotence=True, acks="all"
+        **client_kwargs(kafka_bootstrap), enable_idempotence=True, acks="all"
     )
     await producer.start()
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka_helpers import bus_env, kafka_url
 
 from podium import codec, topics
 from podium.bus import EventPublisher, KafkaBus, Subscriber
@@ -63,14 +64,16 @@ async def test_sigterm_finishes_and_commits_the_batch_in_hand(
     reader = bus.subscriber([topics.SUBTASK_RESULTS], unique("results-reader"))
     await reader.start()
     publisher = EventPublisher(bus, producer_name="test")
-    url = (
-        f"kafka://{kafka_bootstrap}?auto_offset_reset=latest"
-        "&heartbeat_interval_ms=250&session_timeout_ms=6000"
+    url = kafka_url(
+        kafka_bootstrap,
+        auto_offset_reset="latest",
+        heartbeat_interval_ms=250,
+        session_timeout_ms=6000,
     )
     environ = {k: v for k, v in os.environ.items() if not k.startswith("PODIUM_")}
     environ.update(
         PYTHONPATH=str(ROOT),
-        PODIUM_BUS=url,
+        **bus_env(url),
         PODIUM_GROUP_ID=group,
         PODIUM_BATCH_MAX="4",
         PODIUM_SUBAGENT_TIME_SCALE="0.25",  # ~0.25 s of wall time per execution

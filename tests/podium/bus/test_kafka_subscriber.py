@@ -10,8 +10,9 @@ import logging
 from collections.abc import Callable
 
 import pytest
+from kafka_helpers import config_for
 
-from podium.bus import KafkaBus, KafkaConfig, Record, Subscriber, TopicSpec
+from podium.bus import KafkaBus, Record, Subscriber, TopicSpec
 
 pytestmark = pytest.mark.kafka
 
@@ -46,7 +47,7 @@ async def test_stop_during_a_rebalance_does_not_wait_out_the_revoke_grace(
     """
     grace = 20.0
     bus = KafkaBus(
-        KafkaConfig(
+        config_for(
             kafka_bootstrap,
             client_id="podium-tests",
             heartbeat_interval_ms=250,  # a rebalance is noticed within a heartbeat

@@ -5,6 +5,7 @@ producer. (Tools and drivers use these; nothing outside podium/bus speaks aiokaf
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -99,3 +100,92 @@ async def _values(
         assert len(chunk) <= 2
         out += chunk
     return [(r.value or b"").decode() for r in out]
+
+
+async def test_topic_config_is_applied_at_creation(
+    kafka: KafkaBus, unique: Names, kafka_bootstrap: str
+) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+    from kafka_helpers import client_kwargs
+
+    ledger, plain = unique("cfg.ledger"), unique("cfg.plain")
+    compact = (("cleanup.policy", "compact"),)
+    await kafka.create_topics([TopicSpec(ledger, 1, config=compact), TopicSpec(plain, 1)])
+    admin = AIOKafkaAdminClient(**client_kwargs(kafka_bootstrap))
+    await admin.start()
+    try:
+        resources = [ConfigResource(ConfigResourceType.TOPIC, t) for t in (ledger, plain)]
+        responses = await admin.describe_configs(resources)
+    finally:
+        await admin.close()
+    policies = {
+        resource[3]: {entry[0]: entry[1] for entry in resource[4]}["cleanup.policy"]
+        for response in responses
+        for resource in response.resources
+    }
+    assert policies == {ledger: "compact", plain: "delete"}
+
+
+_JOIN_AND_HANG = """
+import asyncio, sys
+sys.path.insert(0, sys.argv[4])
+from kafka_helpers import config_for
+from podium.bus import KafkaBus
+
+async def main() -> None:
+    bus = KafkaBus(config_for(sys.argv[1], session_timeout_ms=6000, heartbeat_interval_ms=1000))
+    await bus.start()
+    member = bus.subscriber([sys.argv[2]], sys.argv[3])
+    await member.start()
+    print("joined", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_positioning_a_group_outlives_a_killed_member(
+    kafka_bootstrap: str, unique: Names
+) -> None:
+    """After a kill -9 the dead member stays in its group until its session times out; the
+    restart that positions the group meanwhile must wait for that, not fail."""
+    import sys
+    from pathlib import Path
+
+    from kafka_helpers import config_for
+
+    tests_dir = str(Path(__file__).parents[2])
+    topic, group = unique("pos.dead"), unique("pos.dead.g")
+    bus = KafkaBus(config_for(kafka_bootstrap, session_timeout_ms=6000, heartbeat_interval_ms=1000))
+    await bus.start()
+    try:
+        await bus.create_topics([TopicSpec(topic, 1)])
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _JOIN_AND_HANG,
+            kafka_bootstrap,
+            topic,
+            group,
+            tests_dir,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert child.stdout is not None
+            assert (await child.stdout.readline()).strip() == b"joined"
+        finally:
+            child.kill()
+            await child.wait()
+        await bus.publish(topic, b"old", key="k")
+        await bus.position_groups_at_end({group: [topic]})
+        await bus.publish(topic, b"new", key="k")
+        member = bus.subscriber([topic], group)
+        await member.start()
+        try:
+            got = await drain(member, 1)
+        finally:
+            await member.stop()
+        assert [r.value for r in got] == [b"new"]
+    finally:
+        await bus.stop()

@@ -26,7 +26,13 @@ from podium.bus import (
     TransactionFencedError,
     Transformer,
 )
-from podium.bus.consumer import DLQ_ERROR_TYPE, DLQ_SOURCE_OFFSET, DLQ_SOURCE_TOPIC
+from podium.bus.consumer import (
+    DLQ_ATTEMPTS,
+    DLQ_ERROR,
+    DLQ_ERROR_TYPE,
+    DLQ_SOURCE_OFFSET,
+    DLQ_SOURCE_TOPIC,
+)
 from podium.errors import ProcessingError
 from podium.v1 import envelope_pb2, task_pb2
 
@@ -47,6 +53,7 @@ class Doubler:
         self.out_topic = out_topic
         self.calls: list[int] = []
         self.fail_once: set[int] = set()
+        self.fail_always: set[int] = set()
         self.block: asyncio.Event | None = None
 
     async def __call__(self, env: envelope_pb2.Envelope, record: Record) -> Sequence[Output]:
@@ -57,6 +64,8 @@ class Doubler:
         if msg.seed in self.fail_once:
             self.fail_once.discard(msg.seed)
             raise ProcessingError("flaky downstream", retriable=True)
+        if msg.seed in self.fail_always:
+            raise ProcessingError("downstream keeps timing out", retriable=True)
         if msg.seed == POISON_SEED:
             raise ProcessingError("cannot transform this one", retriable=False)
         out = task_pb2.TaskSubmitted(session_id=msg.session_id, seed=msg.seed * 2)
@@ -80,7 +89,7 @@ def transformer(
 ) -> Transformer:
     """A transformer with test timings (short polls and backoff), one partition per topic."""
     settings: dict[str, object] = {
-        "transactional_id": unique("txn"),
+        "transactional_id_prefix": unique("txn"),
         "producer_name": "test-transformer",
         "output_topics": [transform.out_topic],
         "max_batch": 50,
@@ -213,24 +222,58 @@ async def test_poison_is_dead_lettered_and_processing_continues(bus: Bus, unique
     assert {r.header(DLQ_SOURCE_TOPIC) for r in dead} == {in_topic.encode()}
 
 
-async def test_a_newer_holder_of_the_transactional_id_fences_the_older(
+async def test_a_record_failing_retriably_max_attempts_times_is_dead_lettered(
     bus: Bus, unique: Names
 ) -> None:
     in_topic, out_topic = await setup_topics(bus, unique)
+    await publish_tasks(bus, in_topic, [1, 7, POISON_SEED, 2])
+    doubler = Doubler(out_topic)
+    doubler.fail_always = {7}
+    t = transformer(bus, unique, in_topic, doubler, max_attempts=3)
+    await t.start()
+    try:
+        await step_until(t, lambda: t.stats.transformed == 2)
+    finally:
+        await t.stop()
+    # Tried 3 times (two aborted transactions), then dead-lettered with the error; the
+    # non-retriable poison was not retried at all.
+    assert doubler.calls.count(7) == 3 and doubler.calls.count(POISON_SEED) == 1
+    assert (t.stats.aborted, t.stats.dead_lettered) == (2, 2)
+    reader = bus.subscriber([out_topic, topics.dead_letter(in_topic)], unique("reader"))
+    await reader.start()
+    try:
+        records = await drain(reader, 4)
+        assert await reader.fetch(100, timeout_s=0.5) == []
+    finally:
+        await reader.stop()
+    assert seeds_of([r for r in records if r.topic == out_topic]) == [2, 4]
+    dead = sorted((r for r in records if r.topic != out_topic), key=lambda r: r.offset)
+    assert [r.header(DLQ_SOURCE_OFFSET) for r in dead] == [b"1", b"2"]
+    assert [r.header(DLQ_ATTEMPTS) for r in dead] == [b"3", None]
+    assert b"downstream keeps timing out" in (dead[0].header(DLQ_ERROR) or b"")
+
+
+async def test_a_newer_owner_of_the_partition_ids_fences_the_older(bus: Bus, unique: Names) -> None:
+    in_topic, out_topic = await setup_topics(bus, unique)
     await publish_tasks(bus, in_topic, range(1, 4))
-    txn = unique("shared-txn")
-    old = transformer(bus, unique, in_topic, Doubler(out_topic), transactional_id=txn)
-    # Another group, same transactional id: fencing is by id, whatever the group.
-    new = transformer(bus, unique, unique("other-in"), Doubler(out_topic), transactional_id=txn)
+    prefix = unique("shared-txn")
+    old = transformer(bus, unique, in_topic, Doubler(out_topic), transactional_id_prefix=prefix)
+    # Another group on the same topic with the same prefix (a deployment error): it claims
+    # the ids of the same input partitions, so the first group loses its only partition.
+    new = transformer(bus, unique, in_topic, Doubler(out_topic), transactional_id_prefix=prefix)
+    new.create_topics = False
     await old.start()
     await new.start()
     try:
-        with pytest.raises(TransactionFencedError):
+        with pytest.raises(TransactionFencedError, match="every partition was taken over"):
             await step_until(old, lambda: False)
-        assert old.fenced
+        assert old.fenced and old.stats.dropped >= 1 and old.stats.transactions == 0
+        stats = new.stats
+        await step_until(new, lambda: stats.transformed == 3)
         reader = bus.subscriber([out_topic], unique("reader"))
         await reader.start()
         try:
+            assert seeds_of(await drain(reader, 3)) == [2, 4, 6]
             assert await reader.fetch(100, timeout_s=1.0) == []
         finally:
             await reader.stop()

@@ -9,13 +9,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from podium.errors import ArtifactError, ProcessingError
-from podium.policy.artifacts import WEIGHTS_FILE, ArtifactRef, policy_updated_event, publish_weights
+from podium.policy.artifacts import (
+    WEIGHTS_FILE,
+    ArtifactRef,
+    policy_updated_event,
+    publish_weights,
+    sha256_file,
+)
 from podium.policy.holder import PolicyHolder, build_actor_critic
+from podium.policy.signing import RefusedAnnouncement, SigningKey, TrustedKeys, key_id
 from podium.rl.networks import ActorCritic
+from podium.v1.reward_pb2 import PolicyUpdated
 
 OBS = torch.linspace(-1.0, 1.0, 4 * 8).reshape(8, 4)
+_KEY = Ed25519PrivateKey.generate()
+SIGNER = SigningKey(key_id(_KEY.public_key()), _KEY)
+"""The learner's key in these tests."""
+TRUSTED = TrustedKeys.of(_KEY.public_key())
 
 
 def _publish(root: Path, version: int) -> tuple[ArtifactRef, torch.Tensor]:
@@ -33,7 +46,15 @@ def _decide(model: ActorCritic) -> torch.Tensor:
 
 
 def _holder() -> PolicyHolder[ActorCritic]:
-    return PolicyHolder(build_actor_critic)
+    return PolicyHolder(build_actor_critic, TRUSTED)
+
+
+def _event(ref: ArtifactRef, **changes: object) -> PolicyUpdated:
+    """The learner's signed announcement of ``ref`` (``changes`` applied before signing)."""
+    event = policy_updated_event(ref)
+    for name, value in changes.items():
+        setattr(event, name, value)
+    return SIGNER.sign(event)
 
 
 def test_no_version_yet_is_a_clear_error() -> None:
@@ -57,11 +78,11 @@ def test_tampered_version_rejected_previous_keeps_serving(tmp_path: Path) -> Non
     assert holder.last_error is not None and str(v2.path) in str(holder.last_error)
 
     # The event path reports the rejection instead of raising, and still serves v1.
-    assert asyncio.run(holder.on_policy_updated(policy_updated_event(v2))) is False
+    assert asyncio.run(holder.on_policy_updated(_event(v2))) is False
     assert holder.version == 1
     # A good v3 afterwards is picked up.
     v3, logits3 = _publish(tmp_path, 3)
-    assert asyncio.run(holder.on_policy_updated(policy_updated_event(v3))) is True
+    assert asyncio.run(holder.on_policy_updated(_event(v3))) is True
     version, logits = holder.decide(_decide)
     assert version == 3 and torch.equal(logits, logits3)
 
@@ -166,11 +187,88 @@ async def test_hot_swap_under_concurrent_async_decisions(tmp_path: Path) -> None
     tasks = [asyncio.create_task(decider(k)) for k in range(8)]
     for v in range(2, 6):
         before = sum(counts)
-        event = policy_updated_event(refs[v][0])
-        assert await holder.on_policy_updated(event)
+        assert await holder.on_policy_updated(_event(refs[v][0]))
         assert sum(counts) > before or v == 2  # decisions kept flowing while it loaded
     done.set()
     results = await asyncio.gather(*tasks)  # any failed decision re-raises here
     assert holder.version == 5
     assert all(r == sorted(r) and r for r in results)
     assert (tmp_path / "orch" / "5" / WEIGHTS_FILE).exists()
+
+
+# -- the trust chain (issue 12): only signed, hashed, newer announcements are served ------------
+
+
+def _refused(holder: PolicyHolder[ActorCritic], event: PolicyUpdated) -> str:
+    """Apply ``event``; assert it was refused; the reason word (or the error's text)."""
+    assert asyncio.run(holder.on_policy_updated(event)) is False
+    err = holder.last_error
+    assert err is not None
+    return err.reason if isinstance(err, RefusedAnnouncement) else str(err)
+
+
+def test_flipped_byte_with_rewritten_sidecar_is_refused(tmp_path: Path) -> None:
+    holder = _holder()
+    v1, logits1 = _publish(tmp_path, 1)
+    assert asyncio.run(holder.on_policy_updated(_event(v1)))
+    v2, _ = _publish(tmp_path, 2)
+    genuine = _event(v2)
+    data = bytearray(v2.path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    v2.path.write_bytes(bytes(data))
+    digest = sha256_file(v2.path)
+    v2.path.with_name(WEIGHTS_FILE + ".sha256").write_text(f"{digest}  {WEIGHTS_FILE}\n")
+
+    unsigned = policy_updated_event(v2)
+    unsigned.sha256 = digest  # agrees with the rewritten sidecar
+    assert _refused(holder, unsigned) == "unsigned"
+    assert "sha256 mismatch" in _refused(holder, genuine)
+    version, logits = holder.decide(_decide)
+    assert version == 1 and torch.equal(logits, logits1)
+
+
+def test_empty_hash_is_refused_never_the_sidecar(tmp_path: Path) -> None:
+    holder = _holder()
+    v1, _ = _publish(tmp_path, 1)
+    assert _refused(holder, _event(v1, sha256="")) == "hashless"
+    with pytest.raises(ArtifactError, match="refusing to trust its sidecar"):
+        holder.load(v1.uri, 1, "")
+    assert holder.version is None
+
+
+def test_forged_huge_version_is_refused_and_the_next_real_version_loads(tmp_path: Path) -> None:
+    holder = _holder()
+    v1, _ = _publish(tmp_path, 1)
+    assert asyncio.run(holder.on_policy_updated(_event(v1)))
+    forged = policy_updated_event(v1)
+    forged.version = 2**62
+    assert _refused(holder, forged) == "unsigned"
+    moved = _event(v1)
+    moved.version = 2**62
+    assert _refused(holder, moved) == "bad-signature"
+    other = Ed25519PrivateKey.generate()
+    assert (
+        _refused(holder, SigningKey(key_id(other.public_key()), other).sign(forged))
+        == "untrusted-key"
+    )
+    v2, logits2 = _publish(tmp_path, 2)
+    assert asyncio.run(holder.on_policy_updated(_event(v2)))
+    version, logits = holder.decide(_decide)
+    assert version == 2 and torch.equal(logits, logits2)
+
+
+def test_old_or_duplicate_announcements_are_refused_out_of_sequence(tmp_path: Path) -> None:
+    holder = _holder()
+    v1, _ = _publish(tmp_path, 1)
+    v2, _ = _publish(tmp_path, 2)
+    assert asyncio.run(holder.on_policy_updated(_event(v2)))
+    assert _refused(holder, _event(v1)) == "out-of-sequence"
+    assert _refused(holder, _event(v2)) == "out-of-sequence"
+    assert holder.version == 2
+
+
+def test_a_holder_without_trusted_keys_serves_no_announcement(tmp_path: Path) -> None:
+    v1, _ = _publish(tmp_path, 1)
+    holder: PolicyHolder[ActorCritic] = PolicyHolder(build_actor_critic)
+    assert _refused(holder, _event(v1)) == "no-trusted-keys"
+    assert "podium keys generate" in str(holder.last_error)

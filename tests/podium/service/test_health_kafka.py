@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from kafka_helpers import bus_env, kafka_url
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -100,9 +101,11 @@ def service_env(
 ) -> Callable[..., dict[str, str]]:
     """``service_env(**extra)``: a process environment on the test broker with its own
     health port, its own consumer groups and nothing inherited from the caller's PODIUM_*."""
-    url = (
-        f"kafka://{kafka_bootstrap}?auto_offset_reset=latest"
-        "&heartbeat_interval_ms=250&session_timeout_ms=6000"
+    url = kafka_url(
+        kafka_bootstrap,
+        auto_offset_reset="latest",
+        heartbeat_interval_ms=250,
+        session_timeout_ms=6000,
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith("PODIUM_")}
 
@@ -110,7 +113,7 @@ def service_env(
         return {
             **base,
             "PYTHONPATH": str(ROOT),
-            "PODIUM_BUS": url,
+            **bus_env(url),
             "PODIUM_SHUTDOWN_TIMEOUT_S": str(SHUTDOWN_TIMEOUT_S),
             "PODIUM_GROUP_ID": unique("health").replace(".", "-"),
             "PODIUM_HEALTH_PORT": str(free_port()),
@@ -185,7 +188,7 @@ async def test_every_other_service_serves_health_on_its_health_port(
             "reward_svc",
             service_env(
                 PODIUM_REWARD_GROUP=f"{run}-reward",
-                PODIUM_REWARD_TRANSACTIONAL_ID=f"{run}-reward-0",
+                PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX=f"{run}-reward",
             ),
         ),
     }

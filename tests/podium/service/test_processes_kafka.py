@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from kafka_helpers import bus_env, kafka_url
 from svc_helpers import LOGIN_TASK, PROBE_TASK
 
 from podium.telemetry import client_interceptors
@@ -57,13 +58,15 @@ async def test_four_services_as_processes(
 ) -> None:
     run = unique("procs").replace(".", "-")
     port = free_port()
-    url = (
-        f"kafka://{kafka_bootstrap}?auto_offset_reset=latest"
-        "&heartbeat_interval_ms=250&session_timeout_ms=6000"
+    url = kafka_url(
+        kafka_bootstrap,
+        auto_offset_reset="latest",
+        heartbeat_interval_ms=250,
+        session_timeout_ms=6000,
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith("PODIUM_")}
     base.update(
-        PYTHONPATH=str(ROOT), PODIUM_BUS=url, PODIUM_SHUTDOWN_TIMEOUT_S=str(SHUTDOWN_TIMEOUT_S)
+        PYTHONPATH=str(ROOT), **bus_env(url), PODIUM_SHUTDOWN_TIMEOUT_S=str(SHUTDOWN_TIMEOUT_S)
     )
     specs = {
         "orchestrator": (
@@ -80,7 +83,7 @@ async def test_four_services_as_processes(
             "reward_svc",
             {
                 "PODIUM_REWARD_GROUP": f"{run}-reward",
-                "PODIUM_REWARD_TRANSACTIONAL_ID": f"{run}-reward-0",
+                "PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX": f"{run}-reward",
             },
         ),
         "learner": ("learner_svc", {"PODIUM_GROUP_ID": f"{run}-learner"}),

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from kafka_helpers import client_kwargs, kafka_url
 
 from podium import codec
 from podium.rewards import load_config, score
@@ -25,7 +26,7 @@ PARL = ROOT / "podium" / "data" / "rewards" / "parl.yaml"
 
 async def _read(bootstrap: str, topic: str) -> list[bytes]:
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
+        **client_kwargs(bootstrap), isolation_level="read_committed", enable_auto_commit=False
     )
     await consumer.start()
     try:
@@ -61,13 +62,13 @@ async def test_rescore_range_into_another_topic(
     kafka_bootstrap: str, unique: Callable[[str], str]
 ) -> None:
     src, out = unique("rescore.src"), unique("rescore.out")
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin = AIOKafkaAdminClient(**client_kwargs(kafka_bootstrap))
     await admin.start()
     try:
         await admin.create_topics([NewTopic(src, 1, 1)])
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+    producer = AIOKafkaProducer(**client_kwargs(kafka_bootstrap), enable_idempotence=True)
     await producer.start()
     originals = []
     try:
@@ -80,7 +81,7 @@ async def test_rescore_range_into_another_topic(
     finally:
         await producer.stop()
 
-    bus = f"kafka://{kafka_bootstrap}"
+    bus = kafka_url(kafka_bootstrap)
     proc = _rescore(
         "--bus",
         bus,

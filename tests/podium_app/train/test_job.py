@@ -6,6 +6,7 @@ rollout baseline, and every published version >= 1 is exported to ONNX beside it
 from __future__ import annotations
 
 import argparse
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +14,13 @@ import pytest
 
 from learner_svc.checkpoint import load_checkpoint
 from podium.policy.artifacts import load_weights
+from podium.policy.signing import SigningKey, TrustedKeys
 from podium.policy.swarm import MODEL_NAME, build_swarm_policy, serving_signature
 from podium.serving.contract import random_inputs
 from podium.serving.export import onnx_session, torch_forward
 from podium_app.train.config import TrainConfig
 from podium_app.train.job import train
+from podium_app.train.services import ProcessServices, run_key_pair
 
 
 def small_config(run_dir: Path, **kw: object) -> TrainConfig:
@@ -77,6 +80,23 @@ async def test_embedded_job_trains_every_trajectory_once_and_exports_each_versio
     summary = result.summary["summary"]
     assert set(summary) == {"sequential", "greedy", "cpls", "learned"}
     assert (tmp_path / "run" / "report.html").is_file()
+    # The actor served only what the run's own key signed (it refuses anything else).
+    assert (tmp_path / "run" / "keys" / "policy-signing.pub").is_file()
+
+
+def test_a_run_makes_its_own_key_pair_learner_private_actor_public(tmp_path: Path) -> None:
+    """Zero setup: the run's pair is made in its directory; the learner process gets the
+    private key through the setting an operator would set."""
+    config = small_config(tmp_path / "run", bus="kafka://127.0.0.1:9")
+    envs = ProcessServices(config, "t").environments(tmp_path / "init.safetensors", 8)
+    pair = run_key_pair(config)
+    assert envs["learner_svc"]["PODIUM_POLICY_SIGNING_KEY"] == str(pair.private_path)
+    assert "PODIUM_POLICY_SIGNING_KEY" not in envs["reward_svc"]
+    assert pair.private_path.parent == (tmp_path / "run" / "keys").resolve()
+    assert stat.S_IMODE(pair.private_path.stat().st_mode) == 0o600
+    signer = SigningKey.load(pair.private_path)
+    assert signer.key_id in TrustedKeys.load(str(pair.public_path)).keys
+    assert run_key_pair(config) == pair  # a rerun in the same directory keeps its key
 
 
 def test_cli_options_reach_the_config(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kafka_helpers import kafka_url
 from test_job import small_config
 
 from learner_svc.checkpoint import load_checkpoint
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 async def test_same_job_over_kafka_with_service_processes(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    bus = f"kafka://{kafka_bootstrap}?heartbeat_interval_ms=250&session_timeout_ms=6000"
+    bus = kafka_url(kafka_bootstrap, heartbeat_interval_ms=250, session_timeout_ms=6000)
     over_kafka = await train(small_config(tmp_path / "kafka", bus=bus, iterations=3))
     embedded = await train(small_config(tmp_path / "embedded", iterations=3))
 

@@ -1,0 +1,152 @@
+"""The session ledger: one ``SessionDone`` per finished session on a compacted topic.
+
+Written by the owner of a session's tasks partition in the same transaction as the session's
+Trajectory and the offset commit of its TaskSubmitted (:mod:`orchestrator_svc.intake`), so the
+ledger says "done" exactly when the trajectory exists. It is read twice:
+
+* whole, on partition take-over (:func:`read_topic`): which sessions of the new partitions
+  already ended, so a redelivered TaskSubmitted of a finished session is skipped;
+* followed live by every replica (:class:`LedgerFollower`, a group of its own per replica,
+  starting at the end): a replica that accepted a SubmitTask but does not own the session's
+  partition ends that session's stream with the result the owner recorded.
+
+Values are ``SessionDone`` messages in codec envelopes, like every record on a Podium topic
+(so every reader, the fault suite's auditor included, decodes them the one way); the ledger is
+state keyed by session id and stays small (no trajectory in it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+from podium import codec, topics
+from podium.bus import Bus, InProcBus, KafkaBus
+from podium.bus.base import Record
+from podium.errors import BusError, ConfigError, DecodeError
+from podium.v1 import orchestrator_pb2
+
+_log = logging.getLogger(__name__)
+
+LEDGER = topics.ORCHESTRATOR_SESSIONS
+"""The ledger topic."""
+
+OnDone = Callable[[orchestrator_pb2.SessionDone], Awaitable[None]]
+"""Called with each ledger entry a follower reads."""
+
+
+def parse_done(record: Record, group_id: str) -> orchestrator_pb2.SessionDone | None:
+    """The ledger entry of ``record`` if it belongs to this deployment (``group_id``), else
+    None (another deployment's, or unreadable: logged, never fatal, the ledger is advisory
+    for the entries it cannot read and authoritative only for those it can)."""
+    try:
+        _, done = codec.decode_event(record.value, orchestrator_pb2.SessionDone)
+    except DecodeError as exc:
+        _log.warning(
+            "ledger %s[%d]@%d unreadable: %s", record.topic, record.partition, record.offset, exc
+        )
+        return None
+    if not done.session_id or done.group_id != group_id:
+        return None
+    return done
+
+
+async def read_topic(bus: Bus, topic: str) -> list[Record]:
+    """Every committed record of ``topic`` now (read_committed, no group position moved).
+
+    Kafka reads each partition up to its last stable offset; the in-process bus has no
+    pending transactions, so its end offsets are final.
+    """
+    if isinstance(bus, KafkaBus):
+        out: list[Record] = []
+        for partition in await bus.partitions(topic, wait_s=5.0):
+            async for chunk in bus.read_range(topic, partition, 0):
+                out += chunk
+        return out
+    if isinstance(bus, InProcBus):
+        return await _read_inproc(bus, topic)
+    raise ConfigError(
+        f"the session ledger needs a Kafka or in-process bus, got {type(bus).__name__}"
+    )
+
+
+async def _read_inproc(bus: InProcBus, topic: str) -> list[Record]:
+    """All of ``topic`` on the in-process bus, through a throw-away group."""
+    ends = bus.end_offsets(topic)
+    if not any(ends.values()):
+        return []
+    reader = bus.subscriber([topic], f"ledger-read.{uuid.uuid4().hex}")
+    await reader.start()
+    out: list[Record] = []
+    try:
+        while len(out) < sum(ends.values()):
+            chunk = await reader.fetch(timeout_s=0.1)
+            out += [r for r in chunk if r.offset < ends.get(r.partition, 0)]
+            if not chunk:
+                break
+    finally:
+        await reader.stop()
+    return out
+
+
+class LedgerFollower:
+    """Reads the ledger live in a group of its own and calls ``on_done`` per entry.
+
+    A :class:`~podium.service.Worker`. Every replica has one (``<group>.ledger.<instance>``);
+    on Kafka the app positions the group at the end before starting, so history is not
+    replayed (what a replica needs of history it reads on take-over with :func:`read_topic`).
+    """
+
+    def __init__(self, bus: Bus, group_id: str, deployment: str, on_done: OnDone) -> None:
+        """``deployment`` is the ``PODIUM_GROUP_ID`` whose entries count (see :func:`parse_done`)."""
+        self.bus = bus
+        self._group_id = group_id
+        self.deployment = deployment
+        self.on_done = on_done
+        self._subscriber = bus.subscriber([LEDGER], group_id)
+        self._stopping = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def group_id(self) -> str:
+        return self._group_id
+
+    async def start(self) -> None:
+        await self._subscriber.start()
+
+    async def run(self) -> None:
+        """Follow until :meth:`stop`; a broker error is logged and retried, never fatal."""
+        self._idle.clear()
+        try:
+            await self._follow()
+        finally:
+            self._idle.set()
+
+    async def _follow(self) -> None:
+        delay = 0.1
+        while not self._stopping.is_set():
+            try:
+                records = await self._subscriber.fetch(timeout_s=0.2)
+                for record in records:
+                    done = parse_done(record, self.deployment)
+                    if done is not None:
+                        await self.on_done(done)
+                if records:
+                    await self._subscriber.commit(records)
+                delay = 0.1
+            except BusError as exc:
+                # Only the follower's own position is at stake: a replay is harmless.
+                _log.warning("%s: %s; retrying in %.1fs", self._group_id, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        self._stopping.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        with contextlib.suppress(BusError):
+            await self._subscriber.stop()

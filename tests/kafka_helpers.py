@@ -1,0 +1,83 @@
+"""How tests reach the real broker: one place that turns ``$PODIUM_KAFKA_BOOTSTRAP`` (a
+``kafka://`` URL carrying the security settings, the password in
+``$PODIUM_KAFKA_SASL_PASSWORD``) into what each kind of client needs.
+
+* :func:`kafka_url`: a URL with extra ``?field=value`` settings, for ``PODIUM_BUS`` of a
+  service process or :func:`podium.bus.connect`;
+* :func:`client_kwargs`: keyword arguments for a raw aiokafka client (tests that read topics
+  back without Podium's bus);
+* :func:`kcat_args`: the ``-b``/``-X`` arguments of ``kcat``;
+* :func:`bus_env`: ``PODIUM_BUS`` plus the password, for a service process whose environment
+  is otherwise stripped of ``PODIUM_*``.
+
+All three go through :class:`podium.bus.KafkaConfig`, so a test connects exactly as a service
+configured with the same URL would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from podium.bus import KafkaConfig
+from podium.bus.kafka import SASL_PASSWORD_ENV
+from podium_app.kafka_auth import ADMIN_USER
+from podium_app.kafka_broker import KafkaBroker
+
+
+def as_url(bootstrap: str) -> str:
+    """``kafka://host:port`` for a bare ``host:port``; a ``kafka://`` URL unchanged."""
+    bootstrap = bootstrap.strip()
+    return bootstrap if "://" in bootstrap else f"kafka://{bootstrap}"
+
+
+def kafka_url(base: str, **params: object) -> str:
+    """``base`` with ``params`` set in its query (replacing parameters of the same name)."""
+    parts = urlsplit(as_url(base))
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    query.update({k: str(v) for k, v in params.items()})
+    return parts._replace(query=urlencode(query, safe="/")).geturl()
+
+
+def config_for(base: str, **overrides: Any) -> KafkaConfig:
+    """The :class:`KafkaConfig` a service given ``base`` would use, with ``overrides``."""
+    return dataclasses.replace(KafkaConfig.from_url(as_url(base)), **overrides)
+
+
+def broker_config(broker: KafkaBroker, user: str = ADMIN_USER, **overrides: Any) -> KafkaConfig:
+    """How to connect as ``user`` to a broker a test started itself (its own password, not
+    the shared broker's ``$PODIUM_KAFKA_SASL_PASSWORD``)."""
+    password = broker.passwords().get(user) if broker.secure else None
+    config = KafkaConfig.from_url(broker.client_url(user), sasl_password=password)
+    return dataclasses.replace(config, **overrides)
+
+
+def client_kwargs(base: str) -> dict[str, Any]:
+    """Connection keyword arguments (brokers, TLS, SASL) for aiokafka's clients."""
+    return config_for(base).client_kwargs()
+
+
+def kcat_args(base: str) -> list[str]:
+    """``-b BROKERS`` and the ``-X`` security properties of ``kcat`` (librdkafka)."""
+    cfg = config_for(base)
+    args = ["-b", cfg.bootstrap_servers]
+    if cfg.security_protocol != "PLAINTEXT":
+        args += ["-X", f"security.protocol={cfg.security_protocol.lower()}"]
+    if cfg.security_protocol.startswith("SASL"):
+        args += ["-X", f"sasl.mechanisms={cfg.sasl_mechanism}"]
+        args += ["-X", f"sasl.username={cfg.sasl_username}"]
+        args += ["-X", f"sasl.password={cfg.sasl_password}"]
+    if cfg.ssl_cafile:
+        args += ["-X", f"ssl.ca.location={cfg.ssl_cafile}"]
+    return args
+
+
+def bus_env(url: str) -> dict[str, str]:
+    """``PODIUM_BUS=url`` and, when set, ``$PODIUM_KAFKA_SASL_PASSWORD``: a service process's
+    connection, for an environment built without the caller's ``PODIUM_*`` variables."""
+    env = {"PODIUM_BUS": url}
+    if password := os.environ.get(SASL_PASSWORD_ENV):
+        env[SASL_PASSWORD_ENV] = password
+    return env
