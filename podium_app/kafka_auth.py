@@ -38,14 +38,28 @@ SCRAM_MECHANISM = "SCRAM-SHA-512"
 
 SERVICES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "orchestrator": (
-        (topics.TASKS, topics.SUBTASK_RESULTS, topics.SCORED_TRAJECTORIES, topics.POLICY_UPDATES),
-        (topics.TASKS, topics.SUBTASKS_ASSIGNED, topics.TRAJECTORIES, topics.FEEDBACK),
+        (
+            topics.TASKS,
+            topics.SUBTASK_RESULTS,
+            topics.SCORED_TRAJECTORIES,
+            topics.POLICY_UPDATES,
+            topics.ORCHESTRATOR_SESSIONS,
+        ),
+        (
+            topics.TASKS,
+            topics.SUBTASKS_ASSIGNED,
+            topics.TRAJECTORIES,
+            topics.FEEDBACK,
+            topics.ORCHESTRATOR_SESSIONS,
+        ),
     ),
     "subagent": ((topics.SUBTASKS_ASSIGNED,), (topics.SUBTASK_RESULTS,)),
     "reward": ((topics.TRAJECTORIES,), (topics.SCORED_TRAJECTORIES,)),
     "learner": ((topics.SCORED_TRAJECTORIES,), (topics.POLICY_UPDATES,)),
 }
 """Principal name -> (topics it consumes, topics it produces), from docs/architecture.md.
+The orchestrator also creates, writes and reads its session ledger
+(:data:`~podium.topics.ORCHESTRATOR_SESSIONS`).
 The principal's consumer groups and transactional ids are those that start with its name
 (``reward`` covers reward_svc's default group ``reward_svc`` and ids ``reward_svc-<pod>``)."""
 

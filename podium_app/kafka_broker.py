@@ -441,15 +441,14 @@ class KafkaBroker:
         ]
 
     def _finish_security(self) -> None:
-        """Once ready: the service principals' ACLs (once per directory) and the credential
-        files clients read."""
+        """Once ready: the service principals' ACLs and the credential files clients read.
+
+        The grants are applied on every start (creating an existing ACL is a no-op, 0.1 s), so
+        a broker directory made before a grant was added gets it too."""
         if not self.secure:
             return
-        marker = self.run_dir / "acls.created"
-        if not marker.exists():
-            with open_connection("127.0.0.1", self.port, 10.0, self.login()) as sock:
-                create_acls(sock, all_grants())
-            marker.write_text(f"{len(all_grants())} ACLs\n")
+        with open_connection("127.0.0.1", self.port, 10.0, self.login()) as sock:
+            create_acls(sock, all_grants())
         (self.run_dir / "credentials").mkdir(mode=0o700, exist_ok=True)
         for user in self.passwords():
             path = self.credentials_env_file(user)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -52,6 +53,14 @@ def broker_config(broker: KafkaBroker, user: str = ADMIN_USER, **overrides: Any)
     password = broker.passwords().get(user) if broker.secure else None
     config = KafkaConfig.from_url(broker.client_url(user), sasl_password=password)
     return dataclasses.replace(config, **overrides)
+
+
+def credentials_env(broker: KafkaBroker, user: str) -> dict[str, str]:
+    """``user``'s ``credentials/<user>.env`` of a broker a test started (``PODIUM_BUS`` and the
+    password), read as a shell would: what an operator hands that service."""
+    path = broker.credentials_env_file(user)
+    lines = path.read_text().splitlines()
+    return dict(shlex.split(line)[0].split("=", 1) for line in lines if line.strip())
 
 
 def client_kwargs(base: str) -> dict[str, Any]:

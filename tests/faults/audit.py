@@ -19,6 +19,7 @@ The counts (:class:`Audit`), per submitted session:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -28,6 +29,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from podium import codec, topics
+from podium.bus import KafkaConfig
 from podium.errors import DecodeError
 from podium.v1 import envelope_pb2, reward_pb2, subtask_pb2, task_pb2, trajectory_pb2
 
@@ -85,9 +87,14 @@ class Log:
         return len(self.envelopes.get(topic, [])) + len(self.raw_keys.get(topic, []))
 
 
-async def all_partitions(bootstrap: str, only: str = "") -> list[TopicPartition]:
+def _audit_kwargs(config: KafkaConfig) -> dict[str, object]:
+    """``config``'s connection (brokers, TLS, SASL) as the auditor's aiokafka clients take it."""
+    return dataclasses.replace(config, client_id="fault-audit").client_kwargs()
+
+
+async def all_partitions(config: KafkaConfig, only: str = "") -> list[TopicPartition]:
     """Every partition of every non-internal topic on the broker (of topic ``only`` if given)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="fault-audit")
+    admin = AIOKafkaAdminClient(**_audit_kwargs(config))
     await admin.start()
     try:
         names = sorted(
@@ -101,18 +108,15 @@ async def all_partitions(bootstrap: str, only: str = "") -> list[TopicPartition]
     )
 
 
-async def read_all(bootstrap: str, *, timeout_s: float = 60.0) -> Log:
+async def read_all(config: KafkaConfig, *, timeout_s: float = 60.0) -> Log:
     """Every record of every non-internal topic, from the beginning to the last stable offset."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        client_id="fault-audit",
+        **_audit_kwargs(config), isolation_level="read_committed", enable_auto_commit=False
     )
     await consumer.start()
     log = Log()
     try:
-        tps = await all_partitions(bootstrap)
+        tps = await all_partitions(config)
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         end = await consumer.end_offsets(tps)  # the last stable offsets, read_committed
@@ -233,12 +237,12 @@ def audit(
 
 
 async def audit_broker(
-    bootstrap: str,
+    config: KafkaConfig,
     submitted: Mapping[str, str],
     poison: Mapping[str, Iterable[str]] | None = None,
 ) -> Audit:
     """:func:`read_all` then :func:`audit`."""
-    return audit(await read_all(bootstrap), submitted, poison)
+    return audit(await read_all(config), submitted, poison)
 
 
 __all__ = ["Audit", "Log", "all_partitions", "audit", "audit_broker", "read_all", "trace_id"]

@@ -83,14 +83,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 @pytest.fixture
 async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    """A fresh broker behind a fresh proxy, and an empty set of service processes."""
+    """A fresh secured broker (SASL_SSL, ACLs) behind a fresh proxy, and an empty set of
+    service processes."""
     del kafka_bootstrap  # only the gate: a machine that runs the Kafka tests runs these
     proxy = TcpProxy()
     proxy.start()
-    # Plaintext: the harness and its audit connect with bare host:port clients; the broker's
-    # SCRAM/TLS/ACLs are covered by tests/podium_app/test_kafka_broker_auth.py.
-    broker = KafkaBroker(tmp_path / "kafka", proxy_port=proxy.port, security="plaintext")
-    services = Services(tmp_path / "logs", proxy.address)
+    # The product's broker: SCRAM over TLS with ACLs on both client listeners (the proxied one
+    # too); services log in as their own principals, the harness as admin.
+    broker = KafkaBroker(tmp_path / "kafka", proxy_port=proxy.port)
+    services = Services(tmp_path / "logs", broker, proxy.address)
     try:
         broker.start(120)
         proxy.target_port = broker.proxied_port

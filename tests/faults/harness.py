@@ -2,16 +2,21 @@
 the services as real processes, the load (sessions submitted as ``TaskSubmitted`` events, each
 with a trace of its own) and a tail that notes when each session's trajectory is committed.
 
-The test harness itself talks to the broker directly (its ``PLAINTEXT`` listener), never
-through the proxy: a partition cuts the services off, not the observer. Broker kills and
-stalls do reach the harness; the load pauses during them (a client that retried a publish
-would itself create a second TaskSubmitted, which is not what these scenarios measure).
+The broker is the product's: SASL/SCRAM-SHA-512 over TLS with ACLs. Each service connects
+through the proxy as its own principal (its ``credentials/<service>.env``, re-pointed at the
+proxy, with test-tuned group timings), so the faults also hit TLS and SASL re-handshakes and
+the ACLs are those of production. The test harness itself (load, tail, audit) connects as the
+``admin`` super user straight to the broker's client listener, never through the proxy: a
+partition cuts the services off, not the observer. Broker kills and stalls do reach the
+harness; the load pauses during them (a client that retried a publish would itself create a
+second TaskSubmitted, which is not what these scenarios measure).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import secrets
 import signal
@@ -23,9 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 from aiokafka import AIOKafkaConsumer
 from audit import all_partitions
+from kafka_helpers import broker_config, credentials_env, kafka_url
 from proxy import TcpProxy
 
 from podium import codec, topics
@@ -34,7 +41,7 @@ from podium.bus.base import TopicSpec
 from podium.envs.swarm.spec import parse_task
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.v1 import reward_pb2, task_pb2, trajectory_pb2
-from podium_app.kafka_broker import KafkaBroker
+from podium_app.kafka_broker import PASSWORD_ENV, KafkaBroker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,44 +62,57 @@ SESSION_TIMEOUT_MS = 6000
 evicted after 6 s, so zombie and churn scenarios settle quickly."""
 
 
-def bus_url(address: str) -> str:
-    """The services' ``PODIUM_BUS``: through the proxy, with test-tuned group timings."""
-    return (
-        f"kafka://{address}?session_timeout_ms={SESSION_TIMEOUT_MS}"
-        "&heartbeat_interval_ms=500&revoke_grace_s=3.0&request_timeout_ms=15000"
-    )
+GROUP_TIMINGS = {
+    "session_timeout_ms": SESSION_TIMEOUT_MS,
+    "heartbeat_interval_ms": 500,
+    "revoke_grace_s": 3.0,
+    "request_timeout_ms": 15000,
+}
+"""Test-tuned settings added to every service's ``PODIUM_BUS``."""
+
+
+def service_env(broker: KafkaBroker, principal: str, address: str) -> dict[str, str]:
+    """A service's connection as ``principal``: its ``PODIUM_BUS`` from the broker's
+    ``credentials/<principal>.env`` (SASL_SSL, SCRAM user, CA file) pointed at the proxy's
+    ``address`` with :data:`GROUP_TIMINGS`, and its own password."""
+    own = credentials_env(broker, principal)
+    via_proxy = urlsplit(own["PODIUM_BUS"])._replace(netloc=address).geturl()
+    return {"PODIUM_BUS": kafka_url(via_proxy, **GROUP_TIMINGS), PASSWORD_ENV: own[PASSWORD_ENV]}
 
 
 class Services:
-    """``python -m <service>`` processes, each in its own process group, logging to a file;
+    """``python -m <service>`` processes, each in its own process group, logging to a file,
+    connected through the proxy at ``address`` as its own principal of ``broker``;
     :meth:`kill_all` ends every one of them whatever happened."""
 
-    def __init__(self, log_dir: Path, address: str) -> None:
+    def __init__(self, log_dir: Path, broker: KafkaBroker, address: str) -> None:
         self.log_dir = log_dir
+        self.broker = broker
         self.address = address
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, IO[bytes]] = {}
         self.starts: dict[str, int] = {}
         self._ended: set[str] = set()
         """Processes the test itself killed or stopped (their exit is no crash)."""
-        self._specs: dict[str, tuple[str, dict[str, str]]] = {}
+        self._specs: dict[str, tuple[str, str, dict[str, str]]] = {}
         self.restarts: list[str] = []
         """``name=status`` of each process that exited by itself and was restarted."""
 
-    def start(self, name: str, module: str, **env: str) -> None:
-        """Start ``module`` as ``name`` (a restart appends to the same log)."""
+    def start(self, name: str, module: str, principal: str, **env: str) -> None:
+        """Start ``module`` as ``name``, logged in as ``principal`` (a restart appends to the
+        same log)."""
         assert name not in self.procs or self.procs[name].poll() is not None, name
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self._logs.get(name) or (self.log_dir / f"{name}.log").open("ab")
         self._logs[name] = log
         self.starts[name] = self.starts.get(name, 0) + 1
         self._ended.discard(name)
-        self._specs[name] = (module, dict(env))
+        self._specs[name] = (module, principal, dict(env))
         log.write(f"\n===== start {self.starts[name]} of {name} =====\n".encode())
         log.flush()
         full = os.environ | {
             "PYTHONPATH": str(ROOT),
-            "PODIUM_BUS": bus_url(self.address),
+            **service_env(self.broker, principal, self.address),
             "PODIUM_LOG_LEVEL": "INFO",
             "PODIUM_SHUTDOWN_TIMEOUT_S": "5",
             "PODIUM_HEALTH_PORT": "0",
@@ -113,6 +133,7 @@ class Services:
         self.start(
             name,
             "orchestrator_svc",
+            "orchestrator",
             PODIUM_GRPC_HOST="127.0.0.1",
             PODIUM_GRPC_PORT="0",
             PODIUM_SESSION_TIMEOUT_S="30",
@@ -134,10 +155,12 @@ class Services:
         return str(out / "policy-signing.pub")
 
     def subagent(self, name: str = "sub-1", time_scale: float = 0.002, **env: str) -> None:
-        self.start(name, "subagent_svc", PODIUM_SUBAGENT_TIME_SCALE=str(time_scale), **env)
+        self.start(
+            name, "subagent_svc", "subagent", PODIUM_SUBAGENT_TIME_SCALE=str(time_scale), **env
+        )
 
     def reward(self, name: str = "reward-1", **env: str) -> None:
-        self.start(name, "reward_svc", PODIUM_REWARD_POLL_MS="200", **env)
+        self.start(name, "reward_svc", "reward", PODIUM_REWARD_POLL_MS="200", **env)
 
     def signal(self, name: str, sig: signal.Signals) -> None:
         """Send ``sig`` to the service's process."""
@@ -177,8 +200,8 @@ class Services:
         matters is that nothing is lost or doubled across the restart. Each is recorded."""
         for name, status in self.exited().items():
             self.restarts.append(f"{name}={status}")
-            module, env = self._specs[name]
-            self.start(name, module, **env)
+            module, principal, env = self._specs[name]
+            self.start(name, module, principal, **env)
 
     async def supervise(self, period_s: float = 0.5) -> None:
         """:meth:`revive` until cancelled."""
@@ -212,9 +235,10 @@ class Cluster:
     services: Services
 
     @property
-    def direct(self) -> str:
-        """The broker's own listener: the harness's way in (never cut by the proxy)."""
-        return self.broker.bootstrap
+    def admin(self) -> KafkaConfig:
+        """The harness's way in: the broker's own client listener (never cut by the proxy),
+        TLS and SCRAM as the ``admin`` super user."""
+        return broker_config(self.broker)
 
     def kill9_broker(self) -> None:
         self.broker.kill9()
@@ -243,7 +267,8 @@ class Load:
     """Submits sessions as ``TaskSubmitted`` events (straight to the broker) and follows the
     trajectories topic to note when each session's trajectory became visible."""
 
-    bootstrap: str
+    config: KafkaConfig
+    """How the harness connects (:attr:`Cluster.admin`)."""
     scenario: str
     submitted: dict[str, str] = field(default_factory=dict)
     """Session id -> the trace id it was submitted with."""
@@ -257,7 +282,7 @@ class Load:
     _task: task_pb2.TaskSpec = field(default_factory=lambda: task_to_proto(parse_task(SHORT_TASK)))
 
     async def start(self) -> None:
-        self._bus = KafkaBus(KafkaConfig(self.bootstrap, client_id="fault-load"))
+        self._bus = KafkaBus(dataclasses.replace(self.config, client_id="fault-load"))
         await self._bus.start()
         await self._bus.create_topics([TopicSpec(t, 3) for t in topics.ALL])
         self._tail = asyncio.create_task(self._follow())
@@ -337,16 +362,14 @@ class Load:
                 await asyncio.sleep(1.0)
 
     async def _follow_once(self) -> None:
+        tail = dataclasses.replace(self.config, client_id="fault-tail")
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            isolation_level="read_committed",
-            enable_auto_commit=False,
-            client_id="fault-tail",
+            **tail.client_kwargs(), isolation_level="read_committed", enable_auto_commit=False
         )
         await consumer.start()
         try:
-            tps = await all_partitions(self.bootstrap, topics.TRAJECTORIES)
-            tps += await all_partitions(self.bootstrap, topics.SCORED_TRAJECTORIES)
+            tps = await all_partitions(self.config, topics.TRAJECTORIES)
+            tps += await all_partitions(self.config, topics.SCORED_TRAJECTORIES)
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
             while True:

@@ -90,7 +90,7 @@ async def run_scenario(
     t0 = time.monotonic()
     _start_services(cluster, s)
     supervisor = asyncio.create_task(cluster.services.supervise())
-    load = Load(cluster.direct, s.name)
+    load = Load(cluster.admin, s.name)
     await load.start()
     poison: dict[str, list[str]] = {}
     try:
@@ -112,7 +112,7 @@ async def run_scenario(
             await supervisor
         await load.stop()
     await _stop_services(cluster)
-    result = await audit_broker(cluster.direct, load.submitted, poison)
+    result = await audit_broker(cluster.admin, load.submitted, poison)
     row: dict[str, object] = {
         "scenario": s.name,
         "result": "PASS" if _passes(s, result, cluster) else "FAIL",

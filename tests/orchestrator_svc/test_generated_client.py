@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
+import grpc_health
 import pytest
 from grpc_tools import protoc  # type: ignore[import-untyped]
 from svc_helpers import LOGIN_TASK
@@ -147,7 +148,10 @@ def generate_stubs(out_dir: Path) -> list[Path]:
 
 async def run_client(stubs: Path, target: str, workdir: Path) -> dict[str, Any]:
     """Run :data:`CLIENT` in a separate, isolated interpreter; its JSON summary."""
-    site_dirs = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    # Where the client's dependencies are installed (the shared dependency environment behind
+    # this clone's .venv): that directory alone, never the project's source tree.
+    site_dirs = sorted({str(Path(m.__file__).parents[1]) for m in (grpc, grpc_health)})
+    assert all(not Path(d).is_relative_to(ROOT) for d in site_dirs), site_dirs
     script = workdir / "client.py"
     script.write_text(CLIENT, encoding="utf-8")
     proc = await asyncio.create_subprocess_exec(
