@@ -1075,30 +1075,29 @@ class KafkaTransactionalMember(TransactionalMember):
         (the claim waits for that transaction to end; the fresh offset tells whether it
         committed)."""
         _log.warning("%s: re-claiming %s: %s", self, tp, why)
-        self._open.pop(tp, None)
-        self._ready.discard(tp)
-        producer = self._producers.pop(tp, None)
-        if producer is not None:
-            asyncio.get_running_loop().create_task(self._stop_producer(producer))
-        consumer = self.subscriber._consumer
-        if consumer is not None and tp in self.subscriber._live():
-            consumer.pause(TopicPartition(*tp))
+        if self._drop(tp):
             self._unclaimed.add(tp)
-        self.subscriber._fetched.pop(tp, None)
 
     def _fence(self, tp: TP) -> None:
         """A newer owner claimed ``tp``'s id: never write for it again (until reassigned)."""
         _log.warning("%s: partition %s was taken over by a newer owner (fenced)", self, tp)
+        self._fenced.add(tp)
+        self._drop(tp)
+
+    def _drop(self, tp: TP) -> bool:
+        """Forget ``tp``'s open transaction, producer and fetched records, and pause it;
+        whether it was still assigned (and so is paused now)."""
         self._open.pop(tp, None)
         self._ready.discard(tp)
-        self._fenced.add(tp)
         producer = self._producers.pop(tp, None)
         if producer is not None:
             asyncio.get_running_loop().create_task(self._stop_producer(producer))
-        consumer = self.subscriber._consumer
-        if consumer is not None and tp in self.subscriber._live():
-            consumer.pause(TopicPartition(*tp))
         self.subscriber._fetched.pop(tp, None)
+        consumer = self.subscriber._consumer
+        if consumer is None or tp not in self.subscriber._live():
+            return False
+        consumer.pause(TopicPartition(*tp))
+        return True
 
     # -- the member API -----------------------------------------------------------------------
 
