@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from podium.bus.kafka import BROKER_MESSAGE_BYTES
 from podium.config import ServiceConfig, env, port, positive_float, positive_int
 from podium.errors import ConfigError
 from podium.serving.endpoint import LOCAL, parse_backend, policy_backend
-
-BROKER_MESSAGE_BYTES = 1_000_000
-"""The broker's message limit this service plans for: Kafka's default ``message.max.bytes``
-(1048588) and producer ``max.request.size`` (1 MiB), rounded down for envelope headroom."""
 
 
 def _check_task_limit(max_task_bytes: int) -> None:

@@ -28,7 +28,6 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
-from google.protobuf.message import DecodeError as _PbDecodeError
 from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -41,6 +40,7 @@ from orchestrator_svc.specs import (
     TaskLimits,
     check_request_size,
 )
+from podium.codec import decode_message
 from podium.envs.swarm.spec import PoolSpec
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.errors import AdmissionError, BusError, DecodeError, SpecError
@@ -204,18 +204,12 @@ async def _abort_exhausted(context: grpc.aio.ServicerContext, exc: AdmissionErro
 
 async def _decode(raw: bytes, cls: type[M], context: grpc.aio.ServicerContext) -> M:
     """``raw`` as a ``cls``, or the call aborted INVALID_ARGUMENT naming the problem."""
-    request = cls()
     try:
-        try:
-            request.ParseFromString(raw)
-        except _PbDecodeError as exc:
-            raise DecodeError(
-                f"malformed protobuf: {len(raw)} bytes are not a {cls.DESCRIPTOR.full_name} ({exc})"
-            ) from exc
+        return decode_message(raw, cls)
     except DecodeError as exc:
         context.set_trailing_metadata(((FIELD_METADATA_KEY, REQUEST_FIELD),))
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable request: {exc}")
-    return request
+        raise  # abort raises; this line is for the type checker
 
 
 Unary = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]

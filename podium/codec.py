@@ -91,15 +91,24 @@ def encode_event(
     return env, env.SerializeToString()
 
 
+def decode_message(data: bytes, cls: type[M]) -> M:
+    """Parse the bytes of a plain message (e.g. a gRPC request) as a ``cls``; a
+    :class:`DecodeError` naming the type and the size when they are not one."""
+    message = cls()
+    try:
+        message.ParseFromString(data)
+    except _PbDecodeError as exc:
+        raise DecodeError(
+            f"malformed protobuf: {len(data)} bytes are not a {cls.DESCRIPTOR.full_name} ({exc})"
+        ) from exc
+    return message
+
+
 def decode_envelope(data: bytes | None) -> envelope_pb2.Envelope:
     """Parse record bytes into an envelope, checking it is a complete Podium event."""
     if not data:
         raise DecodeError("empty record: expected a serialised podium.v1.Envelope")
-    env = envelope_pb2.Envelope()
-    try:
-        env.ParseFromString(data)
-    except _PbDecodeError as exc:
-        raise DecodeError(f"malformed protobuf: not a podium.v1.Envelope ({exc})") from exc
+    env = decode_message(data, envelope_pb2.Envelope)
     if not env.event_id:
         raise DecodeError("envelope has no event_id")
     if not env.payload.type_url:

@@ -84,6 +84,11 @@ _SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 _OFFSET_RESETS = ("earliest", "latest")
 
+BROKER_MESSAGE_BYTES = 1_000_000
+"""The broker's message limit producers of big events (trajectories, task specs) plan for:
+Kafka's default ``message.max.bytes`` (1048588) and producer ``max.request.size`` (1 MiB),
+rounded down for envelope headroom."""
+
 SASL_PASSWORD_ENV = "PODIUM_KAFKA_SASL_PASSWORD"
 """Environment variable read for the SASL password by :meth:`KafkaConfig.from_url`."""
 
