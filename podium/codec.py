@@ -23,7 +23,9 @@ from podium.errors import DecodeError
 from podium.v1 import (
     envelope_pb2,
     orchestrator_pb2,
+    review_pb2,
     reward_pb2,
+    rollout_pb2,
     subtask_pb2,
     task_pb2,
     trajectory_pb2,
@@ -45,6 +47,10 @@ _REGISTRY: dict[str, type[Message]] = {
         reward_pb2.PolicyUpdated,
         reward_pb2.Feedback,
         orchestrator_pb2.SessionDone,
+        rollout_pb2.RolloutState,
+        rollout_pb2.RolloutTransition,
+        rollout_pb2.ControllerCheckpoint,
+        review_pb2.ReviewEvent,
     )
 }
 """Event payload types Podium knows, by fully qualified name."""

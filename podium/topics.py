@@ -22,6 +22,15 @@ ORCHESTRATOR_SESSIONS: Final = "podium.orchestrator.sessions.v1"
 """SessionDone ledger (compacted, key: session id; raw protobuf, no envelope): written with each
 session's Trajectory in one transaction, read on partition take-over (orchestrator_svc). Not in :data:`ALL`, whose topics carry envelopes."""
 
+ROLLOUT: Final = "podium.rollout.v1"
+"""The rollout registry (compacted): RolloutState under key ``state``, every RolloutTransition
+under ``transition:<seq>``, the controller's ControllerCheckpoint under ``checkpoint``. One
+fenced writer (the rollout controller, learner_svc in ``rollout`` mode); every orchestrator
+replica applies the state."""
+REVIEWS: Final = "podium.reviews.v1"
+"""ReviewEvent: sensitive subtasks held for human review and their decisions (orchestrator_svc
+replicas, through any replica's ReviewService)."""
+
 DLQ_SUFFIX: Final = ".dlq"
 """Dead-letter topic of topic T is T + DLQ_SUFFIX."""
 
@@ -33,6 +42,8 @@ ALL: Final = (
     SCORED_TRAJECTORIES,
     POLICY_UPDATES,
     FEEDBACK,
+    ROLLOUT,
+    REVIEWS,
 )
 
 

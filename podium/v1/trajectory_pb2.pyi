@@ -50,6 +50,70 @@ ACTION_TYPE_FINISH: ActionType.ValueType  # 3
 """End the session."""
 Global___ActionType: _TypeAlias = ActionType  # noqa: Y015
 
+class _ArmRole:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ArmRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ArmRole.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ARM_ROLE_UNSPECIFIED: _ArmRole.ValueType  # 0
+    """Not known (sessions from before rollouts, training drivers)."""
+    ARM_ROLE_LIVE: _ArmRole.ValueType  # 1
+    """The live version: every session not routed to another arm."""
+    ARM_ROLE_CANARY: _ArmRole.ValueType  # 2
+    """The candidate during its staged rollout (1% -> 5% -> 20% -> 100%)."""
+    ARM_ROLE_BASELINE: _ArmRole.ValueType  # 3
+    """The previous live version, kept on a fixed share to detect distribution shift."""
+    ARM_ROLE_SHADOW: _ArmRole.ValueType  # 4
+    """A twin of a live session run in simulation by the rollout controller (never on live
+    sub-agents).
+    """
+
+class ArmRole(_ArmRole, metaclass=_ArmRoleEnumTypeWrapper):
+    """The role a session's policy version had in the rollout when the session started."""
+
+ARM_ROLE_UNSPECIFIED: ArmRole.ValueType  # 0
+"""Not known (sessions from before rollouts, training drivers)."""
+ARM_ROLE_LIVE: ArmRole.ValueType  # 1
+"""The live version: every session not routed to another arm."""
+ARM_ROLE_CANARY: ArmRole.ValueType  # 2
+"""The candidate during its staged rollout (1% -> 5% -> 20% -> 100%)."""
+ARM_ROLE_BASELINE: ArmRole.ValueType  # 3
+"""The previous live version, kept on a fixed share to detect distribution shift."""
+ARM_ROLE_SHADOW: ArmRole.ValueType  # 4
+"""A twin of a live session run in simulation by the rollout controller (never on live
+sub-agents).
+"""
+Global___ArmRole: _TypeAlias = ArmRole  # noqa: Y015
+
+class _ReviewVerdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReviewVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReviewVerdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REVIEW_VERDICT_UNSPECIFIED: _ReviewVerdict.ValueType  # 0
+    """Not decided."""
+    REVIEW_VERDICT_APPROVED: _ReviewVerdict.ValueType  # 1
+    """A reviewer approved: the subtask started."""
+    REVIEW_VERDICT_REJECTED: _ReviewVerdict.ValueType  # 2
+    """A reviewer rejected: the subtask failed without running."""
+    REVIEW_VERDICT_EXPIRED: _ReviewVerdict.ValueType  # 3
+    """Nobody decided before the deadline: rejected by default."""
+
+class ReviewVerdict(_ReviewVerdict, metaclass=_ReviewVerdictEnumTypeWrapper):
+    """How a human review of a sensitive subtask ended."""
+
+REVIEW_VERDICT_UNSPECIFIED: ReviewVerdict.ValueType  # 0
+"""Not decided."""
+REVIEW_VERDICT_APPROVED: ReviewVerdict.ValueType  # 1
+"""A reviewer approved: the subtask started."""
+REVIEW_VERDICT_REJECTED: ReviewVerdict.ValueType  # 2
+"""A reviewer rejected: the subtask failed without running."""
+REVIEW_VERDICT_EXPIRED: ReviewVerdict.ValueType  # 3
+"""Nobody decided before the deadline: rejected by default."""
+Global___ReviewVerdict: _TypeAlias = ReviewVerdict  # noqa: Y015
+
 @_typing.final
 class ObservationSummary(_message.Message):
     """What the orchestrator saw when it decided (a summary, not the full tensor)."""
@@ -153,6 +217,7 @@ class Decision(_message.Message):
     OBSERVATION_TENSOR_FIELD_NUMBER: _builtins.int
     ACTION_MASK_FIELD_NUMBER: _builtins.int
     ENV_REWARD_FIELD_NUMBER: _builtins.int
+    DECIDE_MS_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     """Step number in the session, from 0."""
     log_prob: _builtins.float
@@ -184,6 +249,8 @@ class Decision(_message.Message):
     """
     env_reward: _builtins.float
     """Per-step reward from the environment, when it gives one."""
+    decide_ms: _builtins.float
+    """Wall-clock milliseconds the policy took to decide (0 when not measured)."""
     @_builtins.property
     def observation(self) -> Global___ObservationSummary:
         """What the orchestrator saw."""
@@ -206,10 +273,11 @@ class Decision(_message.Message):
         observation_tensor: _builtins.bytes = ...,
         action_mask: _builtins.bytes = ...,
         env_reward: _builtins.float = ...,
+        decide_ms: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "observation", b"observation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "action_mask", b"action_mask", "action_mask_size", b"action_mask_size", "env_reward", b"env_reward", "log_prob", b"log_prob", "observation", b"observation", "observation_tensor", b"observation_tensor", "policy_version", b"policy_version", "step", b"step", "valid_actions", b"valid_actions", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "action_mask", b"action_mask", "action_mask_size", b"action_mask_size", "decide_ms", b"decide_ms", "env_reward", b"env_reward", "log_prob", b"log_prob", "observation", b"observation", "observation_tensor", b"observation_tensor", "policy_version", b"policy_version", "step", b"step", "valid_actions", b"valid_actions", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -333,6 +401,9 @@ class Trajectory(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     VERIFIER_PRESENT_FIELD_NUMBER: _builtins.int
     BASELINE_FIELD_NUMBER: _builtins.int
+    ARM_FIELD_NUMBER: _builtins.int
+    REVIEWS_FIELD_NUMBER: _builtins.int
+    REVIEW_WAIT_S_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     """Unique id (equals the session id for live sessions)."""
     session_id: _builtins.str
@@ -357,6 +428,8 @@ class Trajectory(_message.Message):
     """Whether a verifier checked the executions, so that `Execution.verified` is meaningful
     (set by the environment, never by the policy; reward_svc demands verification only then).
     """
+    review_wait_s: _builtins.float
+    """Wall-clock seconds spent waiting for reviews (apart from scheduling latency)."""
     @_builtins.property
     def task(self) -> _task_pb2.TaskSpec:
         """The task."""
@@ -389,6 +462,14 @@ class Trajectory(_message.Message):
         engine); live sessions cannot be replayed and leave `baseline.policy` empty.
         """
 
+    @_builtins.property
+    def arm(self) -> Global___Arm:
+        """The rollout arm that ran the session (version and role); unset outside rollouts."""
+
+    @_builtins.property
+    def reviews(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReviewRecord]:
+        """Human reviews of its sensitive subtasks, in request order."""
+
     def __init__(
         self,
         *,
@@ -410,10 +491,13 @@ class Trajectory(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         verifier_present: _builtins.bool = ...,
         baseline: Global___RolloutBaseline | None = ...,
+        arm: Global___Arm | None = ...,
+        reviews: _abc.Iterable[Global___ReviewRecord] | None = ...,
+        review_wait_s: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["baseline", b"baseline", "ended_at", b"ended_at", "started_at", b"started_at", "task", b"task"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["arm", b"arm", "baseline", b"baseline", "ended_at", b"ended_at", "started_at", b"started_at", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline", b"baseline", "claimed_success", b"claimed_success", "completed", b"completed", "decisions", b"decisions", "ended_at", b"ended_at", "env", b"env", "executions", b"executions", "labels", b"labels", "latency", b"latency", "loop_detected", b"loop_detected", "lower_bound", b"lower_bound", "policy_version", b"policy_version", "session_id", b"session_id", "started_at", b"started_at", "task", b"task", "test_coverage", b"test_coverage", "trajectory_id", b"trajectory_id", "verifier_present", b"verifier_present"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arm", b"arm", "baseline", b"baseline", "claimed_success", b"claimed_success", "completed", b"completed", "decisions", b"decisions", "ended_at", b"ended_at", "env", b"env", "executions", b"executions", "labels", b"labels", "latency", b"latency", "loop_detected", b"loop_detected", "lower_bound", b"lower_bound", "policy_version", b"policy_version", "review_wait_s", b"review_wait_s", "reviews", b"reviews", "session_id", b"session_id", "started_at", b"started_at", "task", b"task", "test_coverage", b"test_coverage", "trajectory_id", b"trajectory_id", "verifier_present", b"verifier_present"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -446,3 +530,99 @@ class RolloutBaseline(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RolloutBaseline: _TypeAlias = RolloutBaseline  # noqa: Y015
+
+@_typing.final
+class Arm(_message.Message):
+    """Which arm of the rollout ran a session: the version and the role it had."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    ROLLOUT_SEQ_FIELD_NUMBER: _builtins.int
+    BUCKET_FIELD_NUMBER: _builtins.int
+    policy_version: _builtins.str
+    """Version that decided: a decimal learned version, or "rules:<name>" for a rule engine."""
+    role: Global___ArmRole.ValueType
+    """Its role when the session started."""
+    rollout_seq: _builtins.int
+    """Sequence number of the rollout state the arm was chosen under (0: no rollout state)."""
+    bucket: _builtins.int
+    """Bucket of the session id's stable hash, in [0, 10000): the routing input."""
+    def __init__(
+        self,
+        *,
+        policy_version: _builtins.str = ...,
+        role: Global___ArmRole.ValueType = ...,
+        rollout_seq: _builtins.int = ...,
+        bucket: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket", b"bucket", "policy_version", b"policy_version", "role", b"role", "rollout_seq", b"rollout_seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Arm: _TypeAlias = Arm  # noqa: Y015
+
+@_typing.final
+class ReviewRecord(_message.Message):
+    """One human review of a sensitive subtask, as the trajectory records it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVIEW_ID_FIELD_NUMBER: _builtins.int
+    SUBTASK_ID_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    REVIEWER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    WAIT_S_FIELD_NUMBER: _builtins.int
+    REQUESTED_AT_FIELD_NUMBER: _builtins.int
+    DECIDED_AT_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    review_id: _builtins.str
+    """Review id (unique per session and subtask attempt)."""
+    subtask_id: _builtins.str
+    """The subtask held for review."""
+    verdict: Global___ReviewVerdict.ValueType
+    """The outcome."""
+    reviewer: _builtins.str
+    """Who decided (the reviewer's principal; "deadline" when it expired)."""
+    reason: _builtins.str
+    """The reviewer's reason (or why it expired)."""
+    wait_s: _builtins.float
+    """Wall-clock seconds the subtask waited for the decision."""
+    session_id: _builtins.str
+    """Session the subtask belongs to."""
+    agent: _builtins.str
+    """Agent the orchestrator chose for it."""
+    @_builtins.property
+    def requested_at(self) -> _timestamp_pb2.Timestamp:
+        """When the review was requested."""
+
+    @_builtins.property
+    def decided_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was decided."""
+
+    def __init__(
+        self,
+        *,
+        review_id: _builtins.str = ...,
+        subtask_id: _builtins.str = ...,
+        verdict: Global___ReviewVerdict.ValueType = ...,
+        reviewer: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        wait_s: _builtins.float = ...,
+        requested_at: _timestamp_pb2.Timestamp | None = ...,
+        decided_at: _timestamp_pb2.Timestamp | None = ...,
+        session_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "requested_at", b"requested_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "decided_at", b"decided_at", "reason", b"reason", "requested_at", b"requested_at", "review_id", b"review_id", "reviewer", b"reviewer", "session_id", b"session_id", "subtask_id", b"subtask_id", "verdict", b"verdict", "wait_s", b"wait_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReviewRecord: _TypeAlias = ReviewRecord  # noqa: Y015
