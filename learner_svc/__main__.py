@@ -22,11 +22,26 @@ def load() -> tuple[App, Bus]:
     setup_logging(config.log_level)
     provider = setup_tracing(SERVICE, set_global=True)
     bus = connect(config.bus_url)
+    if config.mode == "rollout":
+        return rollout_app(config, bus), bus
     if config.mode == "swarm":
         from learner_svc.loop import LoopApp  # torch: only this mode needs it
 
         return LoopApp(swarm_loop(config, bus), shutdown_timeout_s=config.shutdown_timeout_s), bus
     return LearnerApp(config, bus, tracer_provider=provider), bus
+
+
+def rollout_app(config: LearnerConfig, bus: Bus) -> App:
+    """The rollout controller, configured from the environment (``PODIUM_ROLLOUT_*``)."""
+    from learner_svc.rollout.app import RolloutApp  # torch (twins): only this mode needs it
+    from learner_svc.rollout.config import ControllerSettings
+
+    return RolloutApp(
+        from_env(ControllerSettings),
+        bus,
+        instance=config.instance or default_instance_name(SERVICE),
+        shutdown_timeout_s=config.shutdown_timeout_s,
+    )
 
 
 def swarm_loop(config: LearnerConfig, bus: Bus) -> LearningLoop[Any]:

@@ -14,6 +14,8 @@ from typing import Protocol, TypeVar
 
 import torch
 
+from learner_svc.lineage import Lineage
+from podium.policy.signing import SigningKey
 from podium.policy.versions import policy_version_number
 from podium.v1 import reward_pb2
 
@@ -31,9 +33,12 @@ def version_number(policy_version: str) -> int:
 
 
 def policy_lag(current_version: int, behaviour_version: str) -> int:
-    """Versions between the acting policy and the learner's current one (never negative);
+    """Versions between the acting policy and the learner's current one (never negative), on
+    a lineage that never reset (the loop measures along its own: :class:`Lineage`);
     :class:`~podium.errors.DecodeError` when ``behaviour_version`` is malformed."""
-    return max(current_version - version_number(behaviour_version), 0)
+    lag = Lineage(current_version).lag(version_number(behaviour_version))
+    assert lag is not None  # every version >= 0 is on a lineage that never reset
+    return lag
 
 
 class Algorithm(Protocol[SampleT]):
@@ -52,6 +57,9 @@ class Algorithm(Protocol[SampleT]):
     """Its optimizer (checkpointed with it)."""
     generator: torch.Generator
     """Random state checkpointed with the weights."""
+    signer: SigningKey
+    """The key its announcements are signed with; its public half verifies the announcement
+    of a version the learner resets to (:mod:`learner_svc.lineage`)."""
 
     def decode(self, scored: reward_pb2.ScoredTrajectory, lag: int) -> SampleT | None:
         """One scored trajectory as a training sample; None when it is not for training

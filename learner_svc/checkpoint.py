@@ -7,7 +7,9 @@ A checkpoint is two files in the checkpoint directory:
 * ``checkpoint.json``: everything else (format, step, policy version, schedule position,
   optimizer hyperparameters, consumed offsets per topic and partition, counters, the ledger of
   trained trajectory ids, the trajectory ids of the last updates that a restarted learner
-  refuses to train on again) plus the name and sha256 of the tensor file.
+  refuses to train on again, the lineage: the live version it last reset to, when, how many
+  resets, and the last rollout transition applied) plus the name and sha256 of the tensor
+  file.
 
 No pickle anywhere. The tensor file is written first under a new name, then ``checkpoint.json``
 is replaced atomically (temp file, fsync, :func:`os.replace`): that rename is the commit point.
@@ -68,6 +70,18 @@ class LearnerState:
     """Trajectory ids of the last updates, one list per update, oldest first, at most the
     loop's ``dedupe_updates`` of them: what a restarted learner still recognises as trained.
     Bounded, unlike :attr:`ledger`, and kept whether or not the ledger is."""
+    rollout_seq: int = 0
+    """Seq of the last rollout transition (``podium.rollout.v1``) the learner has applied; a
+    restarted learner reads the rollout topic from its beginning and skips every transition
+    up to here, so a reset is neither redone nor missed."""
+    reset_from: int = -1
+    """The learned version whose weights the learner last reset to (the live version after
+    its candidate was rejected or rolled back); -1: never reset."""
+    reset_at: int = -1
+    """:attr:`policy_version` when it reset: versions above it descend from
+    :attr:`reset_from`; -1: never reset (every version from 0 is in the lineage)."""
+    resets: int = 0
+    """Resets to the live version so far."""
 
     def remember_update(self, ids: list[str], keep: int) -> None:
         """Record the trajectory ids of one update, forgetting updates older than the last
@@ -97,6 +111,10 @@ class LearnerState:
             "ledger": list(self.ledger),
             "skipped_duplicate": self.skipped_duplicate,
             "recent_trained": [list(ids) for ids in self.recent_trained],
+            "rollout_seq": self.rollout_seq,
+            "reset_from": self.reset_from,
+            "reset_at": self.reset_at,
+            "resets": self.resets,
         }
 
     @classmethod
@@ -116,6 +134,11 @@ class LearnerState:
             ledger=[str(i) for i in data["ledger"]],
             skipped_duplicate=int(data.get("skipped_duplicate", 0)),
             recent_trained=_recent_trained(data),
+            # Absent in checkpoints written before the learner followed the rollout.
+            rollout_seq=int(data.get("rollout_seq", 0)),
+            reset_from=int(data.get("reset_from", -1)),
+            reset_at=int(data.get("reset_at", -1)),
+            resets=int(data.get("resets", 0)),
         )
 
 

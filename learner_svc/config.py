@@ -1,9 +1,11 @@
 """Settings of learner_svc, read from the environment by ``python -m learner_svc``.
 
-Two modes, each with its own settings class so neither carries the other's fields:
+Three modes, each with its own settings class so none carries another's fields:
 
 * ``PODIUM_LEARNER_MODE=swarm``: the learning loop (:class:`LoopSettings`, this module) with
   the swarm algorithm (:class:`learner_svc.algorithms.swarm.SwarmSettings`);
+* ``rollout``: the rollout controller, the one writer of the rollout registry
+  (:class:`learner_svc.rollout.config.ControllerSettings`, ``PODIUM_ROLLOUT_*``);
 * ``stats`` (default): an observer that only accounts for what it receives (:class:`LearnerConfig`).
 """
 
@@ -16,7 +18,7 @@ from podium import topics
 from podium.config import ServiceConfig, env, positive_int
 from podium.errors import ConfigError
 
-MODES = ("stats", "swarm")
+MODES = ("stats", "swarm", "rollout")
 """``PODIUM_LEARNER_MODE`` values."""
 
 
@@ -46,7 +48,9 @@ class LearnerConfig(ServiceConfig):
 
     mode: str = env("PODIUM_LEARNER_MODE", default="stats", parse=learner_mode)
     """``stats``: account for scored trajectories only; ``swarm``: run the learning loop with
-    the swarm algorithm (train the orchestrator's policy and publish its versions)."""
+    the swarm algorithm (train the orchestrator's policy and publish its versions);
+    ``rollout``: run the rollout controller (offline check, shadow, staged rollout,
+    RolloutService)."""
     group_id: str = env("PODIUM_GROUP_ID", default="learner")
     """Consumer group of the learner on the scored-trajectory topic."""
     batch_max: int = env("PODIUM_BATCH_MAX", default=100, parse=positive_int)
@@ -90,6 +94,13 @@ class LoopConfig:
     upstream, in bounded memory (``dedupe_updates × batch_trajectories`` ids)."""
     log_dir: Path | None = None
     """TensorBoard directory, or None."""
+    rollout_topic: str = ""
+    """The rollout registry to follow (``podium.rollout.v1``): reset to the live version when
+    the rollout rejects the lineage being trained (:mod:`learner_svc.lineage`); empty: train
+    one lineage and never reset (``podium train``, demos)."""
+    trusted_keys: str = ""
+    """Public keys (``PODIUM_POLICY_TRUSTED_KEYS`` syntax) whose announcements a reset also
+    accepts, besides the learner's own signing key; empty: its own only."""
 
     def __post_init__(self) -> None:
         for name in ("batch_trajectories", "publish_every", "fetch_max", "dedupe_updates"):
@@ -124,6 +135,13 @@ class LoopSettings:
     """Scored trajectories to learn from."""
     policy_topic: str = env("PODIUM_LEARNER_POLICY_TOPIC", default=topics.POLICY_UPDATES)
     """Where new versions are announced."""
+    rollout_topic: str = env("PODIUM_LEARNER_ROLLOUT_TOPIC", default="")
+    """The rollout registry to follow (``podium.rollout.v1`` where a rollout controller runs):
+    when the rollout rejects the lineage being trained, the learner resets to the live
+    version's weights; empty: never reset (one lineage, as ``podium train`` wants)."""
+    trusted_keys: str = env("PODIUM_POLICY_TRUSTED_KEYS", default="")
+    """Extra public keys a reset accepts announcements from (comma-separated PEM files or
+    directories), besides the learner's own key: the old key during a rotation."""
 
     def __post_init__(self) -> None:
         if not self.checkpoint_dir:
@@ -144,4 +162,6 @@ class LoopSettings:
             dedupe_updates=self.dedupe_updates,
             idle_flush_s=self.idle_flush_s,
             log_dir=Path(self.tensorboard_dir) if self.tensorboard_dir else None,
+            rollout_topic=self.rollout_topic,
+            trusted_keys=self.trusted_keys,
         )

@@ -43,6 +43,20 @@ not rely on it: it remembers the trajectory ids of its last ``dedupe_updates`` u
 checkpoint, so across restarts) and those of the batch in hand, and drops a record whose id is
 among them (logged, counted in ``skipped_duplicate``, committed, never trained on).
 
+**The rollout** (:mod:`learner_svc.lineage`). With ``rollout_topic`` set the loop also follows
+the rollout registry (``podium.rollout.v1``) in a group of its own (``<group>.rollout``), from
+its beginning, never committing: the checkpoint's ``rollout_seq`` says which transitions are
+already applied. Between fetches it applies new transitions; when one rejects the lineage it is
+training (its candidate failed offline or in shadow, was rolled back, or a promotion was
+undone) while the live version is a learned one, it **resets**: weights to the live version's,
+loaded from that version's signed announcement on the policy topic (verified with the learner's
+own public key and ``trusted_keys``, the file checked against the announced sha256), the
+optimizer's moments cleared, and trains on from there; versions keep counting up. A reset is
+in memory until the next update's checkpoint records it with the lineage (``reset_from``,
+``reset_at``, ``resets``, ``rollout_seq``), so a learner that dies before then re-reads the
+registry and resets again, and one that restarts after never does it twice. Policy lag is
+measured along the lineage: samples of an abandoned lineage are stale.
+
 The learner is one consumer (it scales by data parallelism, not by splitting partitions among
 members): a rebalance mid-batch could otherwise hand uncommitted records to another member.
 """
@@ -56,16 +70,18 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic
 
-from learner_svc.algorithm import Algorithm, SampleT, policy_lag
+from learner_svc.algorithm import Algorithm, SampleT, version_number
 from learner_svc.checkpoint import LearnerState, load_checkpoint, save_checkpoint
 from learner_svc.config import LoopConfig
+from learner_svc.lineage import Lineage, announced_weights, decode_transition, follow
 from podium import codec
 from podium.bus.base import Bus, Record, Subscriber
 from podium.bus.consumer import EventPublisher, publish_dead_letter
 from podium.errors import DecodeError, PodiumError
-from podium.policy.signing import announcement_event_id
+from podium.policy.artifacts import load_into
+from podium.policy.signing import TRUSTED_KEYS_VAR, TrustedKeys, announcement_event_id
 from podium.service import ServiceShell
-from podium.v1 import reward_pb2
+from podium.v1 import reward_pb2, rollout_pb2
 
 _log = logging.getLogger(__name__)
 
@@ -112,10 +128,13 @@ class LearningLoop(Generic[SampleT]):
         self.state = LearnerState()
         self.publisher = EventPublisher(bus, producer_name=config.client_id)
         self.updated = asyncio.Condition()
-        """Notified after each announced version (drivers and tests wait on it)."""
+        """Notified after each announced version and each reset (drivers and tests wait on
+        it)."""
         self._writer: Any = None
         self._pending: list[SampleT] = []
         """Usable samples not yet trained on."""
+        self._pending_versions: list[int] = []
+        """The version that acted in each (a reset re-checks their lag on the new lineage)."""
         self._pending_ids: set[str] = set()
         """Their trajectory ids."""
         self._trained_ids: set[str] = set()
@@ -124,6 +143,10 @@ class LearningLoop(Generic[SampleT]):
         """Records accounted for since the last commit."""
         self._idle_since = time.monotonic()
         self._stopping = asyncio.Event()
+        # Loaded now, so a bad setting fails the start, naming the variable.
+        self._extra_trust = (
+            TrustedKeys.load(config.trusted_keys, TRUSTED_KEYS_VAR) if config.trusted_keys else None
+        )
         self._restore()
 
     @property
@@ -175,16 +198,24 @@ class LearningLoop(Generic[SampleT]):
         cfg = self.config
         stop = stop or self._stopping
         sub = self.bus.subscriber([cfg.topic], cfg.group_id, client_id=cfg.client_id)
+        rollout = self._rollout_subscriber()
         await sub.start()
         try:
-            # A crash may have left the current version unannounced; orchestrators that start
-            # later, or missed it, catch up.
-            await self._publish_version({})
+            if rollout is not None:
+                await rollout.start()
+            if self.state.policy_version > self.state.reset_at:
+                # A crash may have left the current version unannounced; orchestrators that
+                # start later, or missed it, catch up. (Right after a reset the weights are the
+                # live version's, not this number's, and this number was announced before it.)
+                await self._publish_version({})
             while not stop.is_set() and not self._reached(until_trained):
+                await self._follow_rollout(rollout)
                 await self._consume_once(sub, until_trained)
             return self.state
         finally:
             await sub.stop()
+            if rollout is not None:
+                await rollout.stop()
             if self._writer is not None:
                 self._writer.close()
 
@@ -198,9 +229,10 @@ class LearningLoop(Generic[SampleT]):
         self._idle_since = time.monotonic()
         for record in records:
             self._handled.append(record)
-            sample = await self._accept(record)
-            if sample is not None:
-                self._pending.append(sample)
+            accepted = await self._accept(record)
+            if accepted is not None:
+                self._pending.append(accepted[0])
+                self._pending_versions.append(accepted[1])
             if len(self._pending) >= self.config.batch_trajectories:
                 await self._step(sub)
                 if self._reached(until_trained):
@@ -219,15 +251,16 @@ class LearningLoop(Generic[SampleT]):
         """Whether ``until_trained`` trajectories (None: no bound) are in the weights."""
         return until_trained is not None and self.state.trained >= until_trained
 
-    async def _accept(self, record: Record) -> SampleT | None:
-        """Account for one record; the sample to train on, or None (skipped/dropped/DLQ)."""
+    async def _accept(self, record: Record) -> tuple[SampleT, int] | None:
+        """Account for one record; the sample to train on and the version that acted, or None
+        (skipped/dropped/DLQ)."""
         st = self.state
         if record.offset < st.next_offset(record.topic, record.partition):
             st.skipped_redelivered += 1  # already inside the restored weights
             return None
         st.offsets.setdefault(record.topic, {})[record.partition] = record.offset + 1
         try:
-            sample = self._sample(record)
+            accepted = self._sample(record)
         except Exception as exc:
             # Whatever turning this record into training data raised, it is about the record
             # (decoding is pure): parked for a human, never a crash loop of the learner.
@@ -236,12 +269,13 @@ class LearningLoop(Generic[SampleT]):
             st.dead_lettered += 1
             await self._dead_letter(record, exc)
             return None
-        if sample is None or self._is_duplicate(record, sample):
+        if accepted is None or self._is_duplicate(record, accepted[0]):
             return None
-        return sample
+        return accepted
 
-    def _sample(self, record: Record) -> SampleT | None:
-        """The training sample in ``record``, or None when it is stale or off-policy (counted).
+    def _sample(self, record: Record) -> tuple[SampleT, int] | None:
+        """The training sample in ``record`` and the version that acted, or None when it is
+        stale or off-policy (counted).
 
         Raises whatever makes the record unusable (``DecodeError`` for bytes, a malformed
         ``policy_version``, bad tensors, a non-finite number; ``ProcessingError``; or an
@@ -249,16 +283,17 @@ class LearningLoop(Generic[SampleT]):
         """
         st = self.state
         _, scored = codec.decode_event(record.value, reward_pb2.ScoredTrajectory)
-        lag = policy_lag(st.policy_version, scored.trajectory.policy_version)
-        if lag > self.config.max_policy_lag:
+        behaviour = version_number(scored.trajectory.policy_version)
+        lag = self.lineage.lag(behaviour)
+        if lag is None or lag > self.config.max_policy_lag:
             st.dropped_stale += 1
             return None
         sample = self.algorithm.decode(scored, lag)
         if sample is None:
             st.skipped_off_policy += 1
-        else:
-            check_finite(scored)
-        return sample
+            return None
+        check_finite(scored)
+        return sample, behaviour
 
     def _is_duplicate(self, record: Record, sample: SampleT) -> bool:
         """Whether ``sample``'s trajectory was trained on in a remembered update or is in the
@@ -283,6 +318,7 @@ class LearningLoop(Generic[SampleT]):
         """Train on the pending batch, checkpoint, commit what was handled, publish."""
         batch, handled = self._pending, self._handled
         self._pending, self._handled, self._pending_ids = [], [], set()
+        self._pending_versions = []
         st = self.state
         metrics = await asyncio.to_thread(self.algorithm.update, batch, st.step)
         st.step += 1
@@ -295,6 +331,8 @@ class LearningLoop(Generic[SampleT]):
         bumped = st.step % self.config.publish_every == 0
         if bumped:
             st.policy_version += 1
+        # Announced with the version: which live version this lineage last restarted from.
+        metrics["lineage_from"] = float(st.reset_from)
         algo = self.algorithm
         save_checkpoint(
             self.config.checkpoint_dir,
@@ -322,6 +360,107 @@ class LearningLoop(Generic[SampleT]):
         )
         if bumped:
             await self._publish_version(metrics)
+
+    # -- the rollout ---------------------------------------------------------------------------
+
+    @property
+    def lineage(self) -> Lineage:
+        """The versions the current weights descend from (:mod:`learner_svc.lineage`)."""
+        st = self.state
+        return Lineage(st.policy_version, st.reset_from, st.reset_at)
+
+    def _rollout_subscriber(self) -> Subscriber | None:
+        """The rollout registry's reader: a group of its own that never commits, so every
+        start reads the registry from its beginning (None: the rollout is not followed)."""
+        cfg = self.config
+        if not cfg.rollout_topic:
+            return None
+        group = f"{cfg.group_id}.rollout"
+        return self.bus.subscriber([cfg.rollout_topic], group, client_id=cfg.client_id)
+
+    async def _follow_rollout(self, sub: Subscriber | None) -> None:
+        """Apply the rollout transitions that arrived: reset to the live version when they
+        reject the lineage (:func:`learner_svc.lineage.follow`). Between updates only, so an
+        update never mixes two weights; the next checkpoint records the result."""
+        if sub is None:
+            return
+        transitions = await self._transitions(sub)
+        if not transitions:
+            return
+        st = self.state
+        followed = follow(self.lineage, st.rollout_seq, transitions)
+        if followed.resets:
+            _, live = followed.resets[-1]
+            await self._reset_weights(live)  # first: a failure leaves the state as it was
+            for at, version in followed.resets:
+                _log.warning(
+                    "rollout transition %d: the lineage was rejected; weights reset to the live "
+                    "version %d (reset %d)",
+                    at,
+                    version,
+                    st.resets + 1,
+                )
+                st.resets += 1
+        st.rollout_seq = followed.seq
+        lineage = followed.lineage
+        st.policy_version, st.reset_from, st.reset_at = (
+            lineage.version,
+            lineage.reset_from,
+            lineage.reset_at,
+        )
+        if followed.resets:
+            self._drop_stale_pending()
+            async with self.updated:
+                self.updated.notify_all()
+
+    def _drop_stale_pending(self) -> None:
+        """After a reset, drop the samples in hand that are stale on the new lineage (those of
+        the rejected versions): counted in ``dropped_stale``, their records committed with the
+        next update as any dropped record's are."""
+        lineage, max_lag = self.lineage, self.config.max_policy_lag
+        kept = [
+            (sample, version)
+            for sample, version in zip(self._pending, self._pending_versions, strict=True)
+            if (lag := lineage.lag(version)) is not None and lag <= max_lag
+        ]
+        self.state.dropped_stale += len(self._pending) - len(kept)
+        self._pending = [sample for sample, _ in kept]
+        self._pending_versions = [version for _, version in kept]
+        self._pending_ids = {self.algorithm.sample_id(sample) for sample in self._pending}
+
+    async def _transitions(self, sub: Subscriber) -> list[rollout_pb2.RolloutTransition]:
+        """The rollout transitions fetched now (without waiting); an undecodable one is
+        dead-lettered (the registry's one writer wrote it: a person must look)."""
+        out = []
+        for record in await sub.fetch(self.config.fetch_max, 0.0):
+            try:
+                transition = decode_transition(record.key, record.value)
+            except DecodeError as exc:
+                await self._dead_letter(record, exc, group_id=f"{self.config.group_id}.rollout")
+                continue
+            if transition is not None:
+                out.append(transition)
+        return out
+
+    async def _reset_weights(self, version: int) -> None:
+        """Load ``version``'s weights from its signed announcement into the model and clear
+        the optimizer's moments (they belong to the abandoned lineage). Raises
+        :class:`~podium.errors.ArtifactError` naming the version when it cannot: training on
+        would grow a lineage the rollout rejected."""
+        algo = self.algorithm
+        weights = await announced_weights(
+            self.bus, self.config.policy_topic, algo.model_name, version, self._trusted()
+        )
+        load_into(algo.model, weights)
+        algo.optimizer.state.clear()
+
+    def _trusted(self) -> TrustedKeys:
+        """Whose announcements a reset accepts: the learner's own key, plus ``trusted_keys``
+        (a key being rotated out signed the older versions)."""
+        own = TrustedKeys.of(self.algorithm.signer.private_key.public_key())
+        if self._extra_trust is None:
+            return own
+        return TrustedKeys({**self._extra_trust.keys, **own.keys})
 
     # -- publishing and logging ---------------------------------------------------------------
 
@@ -355,8 +494,11 @@ class LearningLoop(Generic[SampleT]):
         self._writer.add_scalar("learner/dropped_stale", self.state.dropped_stale, step)
         self._writer.add_scalar("learner/skipped_duplicate", self.state.skipped_duplicate, step)
         self._writer.add_scalar("learner/dead_lettered", self.state.dead_lettered, step)
+        self._writer.add_scalar("learner/resets", self.state.resets, step)
 
-    async def _dead_letter(self, record: Record, exc: Exception) -> None:
+    async def _dead_letter(
+        self, record: Record, exc: Exception, *, group_id: str | None = None
+    ) -> None:
         _log.error(
             "dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc
         )
@@ -364,7 +506,7 @@ class LearningLoop(Generic[SampleT]):
             self.bus,
             record,
             exc,
-            group_id=self.config.group_id,
+            group_id=group_id or self.config.group_id,
             producer=self.publisher.producer_name,
         )
 

@@ -20,6 +20,9 @@ Workers on a :class:`~podium.service.ServiceShell` and one gRPC server, built fr
   of sessions it accepted but another replica ran (:mod:`orchestrator_svc.ledger`).
 * ``<group>.scores.<instance>`` on ``ScoredTrajectory``: attaches the reward breakdown to
   the session so GetSession can show it.
+* ``<group>.rollout.<instance>`` (learned policy, ``PODIUM_ROLLOUT=controlled``): the rollout
+  state, read whole before intake opens and followed live; each session runs the version its
+  arm names, chosen when it starts (:mod:`orchestrator_svc.arms`).
 
 ``client_request_id`` is an idempotency key: the session id is its uuid5, so a retry on any
 replica after any restart names the same session, and its owner runs it once.
@@ -39,12 +42,14 @@ from typing import TYPE_CHECKING
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from orchestrator_svc.config import OrchestratorConfig
+from orchestrator_svc.arms import RolloutFollower, effective_route
+from orchestrator_svc.config import CONTROLLED, OrchestratorConfig
 from orchestrator_svc.fit import fit_trajectory
 from orchestrator_svc.grpc_api import GrpcServer, task_message
 from orchestrator_svc.intake import Output, PartitionLost, TaskIntake
 from orchestrator_svc.ledger import LEDGER, LedgerFollower
 from orchestrator_svc.policy import SchedulingPolicy, make_policy
+from orchestrator_svc.review import ReviewGate, ReviewServicer, ReviewSettings
 from orchestrator_svc.session import (
     Session,
     SessionHandle,
@@ -54,7 +59,7 @@ from orchestrator_svc.session import (
 )
 from orchestrator_svc.specs import validate_task
 from podium import topics
-from podium.bus import KafkaBus
+from podium.bus import KafkaBus, read_committed
 from podium.bus.base import TP, Bus, Record, TopicSpec
 from podium.bus.consumer import EventConsumer, EventPublisher, Handler, encode_record
 from podium.codec import unpack_as
@@ -63,6 +68,7 @@ from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, default_pool, load_pool, parse_task
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.errors import AdmissionError, ConfigError, ProcessingError, SpecError
+from podium.rollout.routing import Route, bucket
 from podium.service import ServiceShell, default_instance_name
 from podium.serving.endpoint import parse_backend
 from podium.telemetry import TracingServerInterceptor
@@ -70,6 +76,7 @@ from podium.v1 import (
     envelope_pb2,
     orchestrator_pb2,
     reward_pb2,
+    rollout_pb2,
     session_service_pb2,
     subtask_pb2,
     task_pb2,
@@ -84,6 +91,7 @@ _log = logging.getLogger(__name__)
 
 LEARNED = "learned"
 """``PODIUM_POLICY`` value selecting the learned policy."""
+LIVE = trajectory_pb2.ARM_ROLE_LIVE
 
 SERVICE = "orchestrator_svc"
 """Service name (OpenTelemetry ``service.name``, default instance prefix)."""
@@ -176,6 +184,15 @@ class OrchestratorApp:
         self._session_tasks: dict[asyncio.Task[None], TP] = {}
         self._slot_freed = asyncio.Event()
         self.sessions_finished = 0
+        self.review = (
+            ReviewGate(
+                self.publisher,
+                ReviewSettings(self.instance, deadline_s=config.review_deadline_s),
+            )
+            if config.review_on
+            else None
+        )
+        """The human review gate of sensitive subtasks (``PODIUM_REVIEW``), else None."""
         self._add_consumers()
         self.serve_grpc = serve_grpc
         # Built in start(): a grpc.aio server binds to the event loop it is created in.
@@ -240,12 +257,34 @@ class OrchestratorApp:
         self.results_consumer = self._consumer(topics.SUBTASK_RESULTS, results, self._on_result)
         self.scores_consumer = self._consumer(topics.SCORED_TRAJECTORIES, scores, self._on_score)
         self.ledger = self.shell.add(LedgerFollower(self.bus, ledger, group, self._on_ledger))
+        # Before the policy consumer (the versions the state names are kept as they load) and
+        # before intake: start() returns caught up, so the first session routes right.
+        self.rollout = (
+            self.shell.add(
+                RolloutFollower(
+                    self.bus,
+                    f"{group}.rollout.{self.instance}",
+                    topic=self.config.rollout_topic,
+                    cold_start=self.policy.version,
+                    on_state=self._on_rollout,
+                )
+            )
+            if self.learned is not None and self.config.rollout == CONTROLLED
+            else None
+        )
+        """The rollout state's follower (learned policy, ``PODIUM_ROLLOUT=controlled``)."""
         # Every replica loads every version, so each has its own group on the policy topic.
         self.policy_consumer = (
             self._consumer(
                 topics.POLICY_UPDATES, f"{group}.policy.{self.instance}", self._on_policy
             )
             if self.learned is not None
+            else None
+        )
+        # Every replica follows every review (any replica lists and decides any hold).
+        self.review_consumer = (
+            self._consumer(topics.REVIEWS, self._review_group, self.review.on_event)
+            if self.review is not None
             else None
         )
         self.intake = self.shell.add(
@@ -275,7 +314,8 @@ class OrchestratorApp:
 
     async def start(self) -> None:
         """Check the policy server (served backend), create the topics this service writes,
-        start the consumers, then open gRPC intake."""
+        start the consumers (the rollout follower returns caught up with the rollout state),
+        then open gRPC intake."""
         backend = self.learned.backend if self.learned is not None else None
         if backend is not None:
             await self._await_server(backend)
@@ -289,14 +329,20 @@ class OrchestratorApp:
         )
         # The ledger is state keyed by session id: compaction keeps each session's last entry.
         compact = (("cleanup.policy", "compact"),)
-        await self.bus.create_topics(
-            [TopicSpec(t, p, config=compact if t == LEDGER else ()) for t in written + read]
-        )
+        specs = [TopicSpec(t, p, config=compact if t == LEDGER else ()) for t in written + read]
+        if self.rollout is not None:
+            # The controller's state log (if absent): one writer, one ordered partition.
+            specs.append(TopicSpec(self.config.rollout_topic, 1, config=compact))
+        if self.review is not None:
+            # State keyed by review id: compaction keeps each review's decision.
+            specs.append(TopicSpec(topics.REVIEWS, p, config=compact))
+        await self.bus.create_topics(specs)
         if isinstance(self.bus, KafkaBus):
             # Groups of this replica alone start at the end: results of runs before this
             # process are stale (sessions re-run with a fresh run id), scores and ledger
             # entries of them concern no handle here.
             await self.bus.position_groups_at_end(self._own_groups())
+        await self._load_reviews()
         await self.shell.start()
         if self.serve_grpc:
             self.grpc = GrpcServer(
@@ -304,9 +350,24 @@ class OrchestratorApp:
                 self.config,
                 pool=self.pool_spec,
                 interceptor=TracingServerInterceptor(self.tracer),
+                review=ReviewServicer(self.review) if self.review is not None else None,
             )
             port = await self.grpc.start()
             _log.info("%s: SessionService on %s:%d", self.instance, self.config.grpc_host, port)
+
+    @property
+    def _review_group(self) -> str:
+        return f"{self.config.group_id}.reviews.{self.instance}"
+
+    async def _load_reviews(self) -> None:
+        """Position the review follower at the end, then read the reviews' history: what is
+        pending is listed here at once; what is published in between is read twice, which
+        applying is indifferent to (the first decision of a review wins)."""
+        if self.review is None:
+            return
+        if isinstance(self.bus, KafkaBus):
+            await self.bus.position_groups_at_end({self._review_group: [topics.REVIEWS]})
+        self.review.load(await read_committed(self.bus, topics.REVIEWS))
 
     async def _await_server(self, backend: ServedPolicy) -> None:
         """Fail start-up, naming the setting, if the policy server does not answer ready. No
@@ -343,6 +404,8 @@ class OrchestratorApp:
             await self.grpc.stop(grace_s=min(deadline.left(), 5.0))
         if self.learned is not None and self.learned.backend is not None:
             self.learned.backend.close()
+        if self.review is not None:
+            await self.review.close()
 
     async def _drain_sessions(self, timeout_s: float) -> None:
         """Let running sessions finish for up to ``timeout_s``, then cancel the rest (their
@@ -386,7 +449,9 @@ class OrchestratorApp:
             session_id=session_id, task=message, submitted_by=submitted_by, seed=request.seed
         )
         submitted.submitted_at.FromDatetime(datetime.now(UTC))
-        self._register(SessionHandle(session_id=session_id, task=message))
+        self._register(
+            SessionHandle(session_id=session_id, task=message, submitted_by=submitted_by)
+        )
         self._open.add(session_id)
         try:
             await self.publisher.publish(
@@ -457,28 +522,58 @@ class OrchestratorApp:
         """Run ``submitted`` in a task of its own; an invalid task ends at once, FAILED, with
         a trajectory, a ledger entry and the TaskSubmitted dead-lettered with the reason."""
         sid = submitted.session_id
-        handle = self._register(SessionHandle(session_id=sid, task=submitted.task))
+        handle = self._register(
+            SessionHandle(session_id=sid, task=submitted.task, submitted_by=submitted.submitted_by)
+        )
+        handle.submitted_by = submitted.submitted_by  # known now if the ledger made the handle
         try:
             task = validate_task(self.pool_spec, message=submitted.task)
         except SpecError as exc:
             await self._end_invalid(submitted, record, handle, exc)
             return
+        policy, route = self._session_policy(submitted)
         session = Session(
             submitted,
             task,
             self.pool,
-            # A learned session is pinned to the version serving now (see learned.py).
-            self.learned.for_session(submitted) if self.learned is not None else self.policy,
+            policy,
             self.publisher,
             handle,
             self.settings,
             self.tracer,
             on_event=self.on_event,
+            route=route,
+            review=self.review,
         )
         self.running[sid] = session
         task_ = asyncio.create_task(self._run(session, record), name=f"session {sid}")
         self._session_tasks[task_] = (record.topic, record.partition)
         task_.add_done_callback(self._session_done)
+
+    def _session_policy(self, submitted: task_pb2.TaskSubmitted) -> tuple[SchedulingPolicy, Route]:
+        """The policy a new session runs on and its arm, chosen once (sessions in flight keep
+        theirs whatever the rollout does next): under ``PODIUM_ROLLOUT=controlled`` the version
+        the rollout state routes it to (:mod:`orchestrator_svc.arms`), else the newest loaded
+        version, else this replica's rule engine, each as the live arm."""
+        sid = submitted.session_id
+        if self.learned is None:
+            return self.policy, Route(self.policy.version, LIVE, bucket(sid), 0)
+        if self.rollout is None:
+            policy = self.learned.for_session(submitted)
+            return policy, Route(policy.version, LIVE, bucket(sid), 0)
+        state = self.rollout.state
+        chosen = effective_route(
+            self.rollout.route(sid),
+            state.live_version if state is not None else "",
+            self.learned.available,
+            self.policy.version,
+        )
+        return self.learned.for_session(submitted, chosen.version), chosen
+
+    def _on_rollout(self, state: rollout_pb2.RolloutState) -> None:
+        """A rollout state applied: keep the versions it may route to loaded."""
+        assert self.learned is not None
+        self.learned.pin((state.live_version, state.previous_version, state.candidate_version))
 
     def _session_done(self, task: asyncio.Task[None]) -> None:
         self._session_tasks.pop(task, None)
@@ -555,6 +650,7 @@ class OrchestratorApp:
             result=result,
             trajectory_id=sid,
             producer=self.instance,
+            submitted_by=handle.submitted_by if (handle := self.handles.get(sid)) else "",
         )
 
     def _fit(self, trajectory: trajectory_pb2.Trajectory) -> trajectory_pb2.Trajectory:
@@ -612,6 +708,8 @@ class OrchestratorApp:
         """A session ended somewhere: end its stream here too (a session run by another
         replica, or one this replica lost to another), and remember its result."""
         handle = self._register(SessionHandle(session_id=done.session_id, task=task_pb2.TaskSpec()))
+        if not handle.submitted_by:
+            handle.submitted_by = done.submitted_by
         await handle.finish(done.result)
 
     async def _on_score(self, envelope: envelope_pb2.Envelope, record: Record) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from podium import topics
 from podium.bus.kafka import BROKER_MESSAGE_BYTES
 from podium.config import ServiceConfig, env, port, positive_float, positive_int
 from podium.errors import ConfigError
@@ -20,6 +21,34 @@ def _check_task_limit(max_task_bytes: int) -> None:
         )
 
 
+CONTROLLED = "controlled"
+"""``PODIUM_ROLLOUT`` value: sessions are routed by the rollout state (the default)."""
+LATEST = "latest"
+"""``PODIUM_ROLLOUT`` value: the newest loaded version serves every session (training drivers,
+demos: the behaviour before rollouts)."""
+ROLLOUT_MODES = (CONTROLLED, LATEST)
+
+
+def rollout_mode(raw: str) -> str:
+    """A ``PODIUM_ROLLOUT`` value (:data:`ROLLOUT_MODES`)."""
+    value = raw.strip().lower()
+    if value not in ROLLOUT_MODES:
+        raise ValueError(f"expected one of {', '.join(ROLLOUT_MODES)}, got {raw!r}")
+    return value
+
+
+REVIEW_AUTO, REVIEW_ON, REVIEW_OFF = "auto", "on", "off"
+"""``PODIUM_REVIEW`` values."""
+
+
+def review_mode(raw: str) -> str:
+    """A ``PODIUM_REVIEW`` value: auto, on or off."""
+    value = raw.strip().lower()
+    if value not in (REVIEW_AUTO, REVIEW_ON, REVIEW_OFF):
+        raise ValueError(f"expected auto, on or off, got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class OrchestratorConfig(ServiceConfig):
     """orchestrator_svc settings (plus the shared ones of :class:`podium.config.ServiceConfig`)."""
@@ -27,7 +56,8 @@ class OrchestratorConfig(ServiceConfig):
     group_id: str = env("PODIUM_GROUP_ID", default="orchestrator")
     """Prefix of the consumer groups: ``<id>.tasks`` (shared by the replicas, which own sessions
     by tasks partition; also the transactional-id prefix), and per replica
-    ``<id>.results.<instance>``, ``<id>.scores.<instance>``, ``<id>.ledger.<instance>``."""
+    ``<id>.results.<instance>``, ``<id>.scores.<instance>``, ``<id>.ledger.<instance>`` (and
+    ``<id>.rollout.<instance>`` with the learned policy under ``PODIUM_ROLLOUT=controlled``)."""
     grpc_host: str = env("PODIUM_GRPC_HOST", default="0.0.0.0")
     """Address the SessionService listens on (0.0.0.0 in a container, 127.0.0.1 locally)."""
     grpc_port: int = env("PODIUM_GRPC_PORT", default=50051, parse=port)
@@ -56,8 +86,17 @@ class OrchestratorConfig(ServiceConfig):
     Must be the same pool subagent_svc simulates."""
     policy: str = env("PODIUM_POLICY", default="cpls")
     """Scheduling policy: a rule engine of the swarm environment (cpls, greedy, sequential), or
-    ``learned``: the versions announced on the policy-updates topic, hot-swapped, with cpls
-    deciding until the first one has loaded."""
+    ``learned``: the versions announced on the policy-updates topic, served as
+    ``PODIUM_ROLLOUT`` says (cpls until a rollout state names a learned version)."""
+    rollout: str = env("PODIUM_ROLLOUT", default=CONTROLLED, parse=rollout_mode)
+    """Learned policy: which version runs a session. ``controlled``: the rollout state on
+    ``podium.rollout.v1`` decides (live, canary and baseline arms by a stable hash of the
+    session id; cpls until a state names a learned version: a version never goes live because
+    it loaded); ``latest``: the newest loaded version serves every new session (training
+    drivers and demos, which run no rollout controller)."""
+    rollout_topic: str = env("PODIUM_ROLLOUT_TOPIC", default=topics.ROLLOUT)
+    """Learned policy under ``PODIUM_ROLLOUT=controlled``: the compacted topic the rollout
+    controller writes the rollout state to (the same variable as the controller's)."""
     policy_sample_from: tuple[str, ...] = env("PODIUM_POLICY_SAMPLE_FROM", default=("trainer",))
     """Learned policy: sessions whose ``submitted_by`` starts with one of these (comma-separated)
     sample their actions (training); all others take the argmax (live traffic, evaluation)."""
@@ -97,6 +136,30 @@ class OrchestratorConfig(ServiceConfig):
     """Largest Trajectory record written, envelope included; keep it below the broker's
     message.max.bytes (1 MiB by default). A larger trajectory is trimmed to fit (observation
     tensors first, then execution contexts, then decisions) and labelled ``trimmed``."""
+    grpc_tokens: str = env("PODIUM_GRPC_TOKENS", default="")
+    """Token table file (a mounted Secret; YAML/JSON ``{tokens: [{name, sha256, roles}]}``,
+    the sha256 of each token, never the token): gRPC callers must present ``authorization:
+    Bearer <token>``; roles ``plugin`` (SessionService: submit, read their own sessions) and
+    ``reviewer`` (ReviewService). Empty: no authentication (a warning names this setting)."""
+    grpc_tls_cert: str = env("PODIUM_GRPC_TLS_CERT", default="")
+    """PEM certificate (chain) of the gRPC port; with ``PODIUM_GRPC_TLS_KEY`` the port is TLS.
+    Required with ``PODIUM_GRPC_TOKENS``: bearer tokens never travel in clear."""
+    grpc_tls_key: str = env("PODIUM_GRPC_TLS_KEY", default="")
+    """PEM private key of the gRPC port's certificate."""
+    grpc_plaintext_tokens: bool = env("PODIUM_GRPC_PLAINTEXT_TOKENS", default=False)
+    """Tests only: accept ``PODIUM_GRPC_TOKENS`` without TLS, and only on a loopback
+    ``PODIUM_GRPC_HOST``."""
+    review: str = env("PODIUM_REVIEW", default=REVIEW_AUTO, parse=review_mode)
+    """Hold sensitive subtasks for human review (ReviewService): ``on``, ``off``, or ``auto``
+    (the default: on exactly when ``PODIUM_GRPC_TOKENS`` authenticates reviewers; off, as
+    before, in development and training drivers without tokens)."""
+    review_deadline_s: float = env("PODIUM_REVIEW_DEADLINE_S", default=3600.0, parse=positive_float)
+    """Seconds a held sensitive subtask waits for a decision; then it expires (rejected)."""
+
+    @property
+    def review_on(self) -> bool:
+        """Whether sensitive subtasks are held for review (see :attr:`review`)."""
+        return self.review == REVIEW_ON or (self.review == REVIEW_AUTO and bool(self.grpc_tokens))
 
     @property
     def grpc_max_receive_bytes(self) -> int:
@@ -113,7 +176,13 @@ class OrchestratorConfig(ServiceConfig):
                 f"PODIUM_MAX_TRAJECTORY_BYTES={self.max_trajectory_bytes} is over the broker's "
                 f"message limit of {BROKER_MESSAGE_BYTES} bytes: trajectories would be refused"
             )
-        # Also for configs built in code, which skip the variable's parse function.
+        # Also for configs built in code, which skip the variables' parse functions.
+        if self.review not in (REVIEW_AUTO, REVIEW_ON, REVIEW_OFF):
+            raise ConfigError(f"PODIUM_REVIEW={self.review!r}: expected auto, on or off")
+        if self.rollout not in ROLLOUT_MODES:
+            raise ConfigError(
+                f"PODIUM_ROLLOUT={self.rollout!r}: expected one of {', '.join(ROLLOUT_MODES)}"
+            )
         if parse_backend(self.policy_backend) is not None and self.policy != "learned":
             raise ConfigError(
                 f"PODIUM_POLICY_BACKEND={self.policy_backend} serves the learned policy only; "

@@ -16,6 +16,12 @@ the event loop; request bytes are decoded in the handlers (the methods are regis
 no deserializer), so undecodable bytes are ``INVALID_ARGUMENT`` rather than gRPC's
 ``UNKNOWN``; a reached capacity limit (:class:`~podium.errors.AdmissionError`) is
 ``RESOURCE_EXHAUSTED`` naming the limit, also sent as ``podium-limit`` trailing metadata.
+
+The same server serves the ReviewService (:mod:`orchestrator_svc.review`). With
+``PODIUM_GRPC_TOKENS`` every call is authenticated (:mod:`podium.service.auth`; TLS required):
+SessionService needs the ``plugin`` role and ReviewService ``reviewer``; a session is recorded
+as submitted by the caller's principal, and a plugin reads only the sessions it submitted
+(another's is ``PERMISSION_DENIED``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from orchestrator_svc.config import OrchestratorConfig
+from orchestrator_svc.review import ReviewServicer
 from orchestrator_svc.session import SessionHandle
 from orchestrator_svc.specs import (
     TEXT_FIELD,
@@ -45,8 +52,9 @@ from podium.envs.swarm.spec import PoolSpec
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.errors import AdmissionError, BusError, DecodeError, SpecError
 from podium.service import health_status
+from podium.service.auth import PLUGIN, REVIEWER, principal, server_security
 from podium.telemetry import TracingServerInterceptor
-from podium.v1 import reward_pb2, session_service_pb2, task_pb2
+from podium.v1 import review_pb2, reward_pb2, session_service_pb2, task_pb2
 
 _log = logging.getLogger(__name__)
 
@@ -65,6 +73,11 @@ M = TypeVar("M", bound=Message)
 
 SERVICE_NAME = _SERVICE.full_name
 """``podium.v1.SessionService``: the name health checks and reflection use."""
+
+_REVIEW = review_pb2.DESCRIPTOR.services_by_name["ReviewService"]
+
+METHOD_ROLES = {f"/{SERVICE_NAME}/*": PLUGIN, f"/{_REVIEW.full_name}/*": REVIEWER}
+"""The role each service needs when ``PODIUM_GRPC_TOKENS`` turns authentication on."""
 
 
 class SessionBackend(Protocol):
@@ -99,10 +112,11 @@ class SessionServicer:
         request: session_service_pb2.SubmitTaskRequest,
         context: grpc.aio.ServicerContext,
     ) -> session_service_pb2.SubmitTaskResponse:
-        peer = context.peer() or "grpc"
+        # The authenticated principal owns the session; without auth, the peer as before.
+        submitted_by = principal(context) or f"grpc:{context.peer() or 'grpc'}"
         remaining = context.time_remaining()
         try:
-            submit = self._submit(request, submitted_by=f"grpc:{peer}")
+            submit = self._submit(request, submitted_by=submitted_by)
             if remaining is not None:
                 session_id = await asyncio.wait_for(submit, remaining)
             else:
@@ -176,8 +190,7 @@ class SessionServicer:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"feedback.rating must be in [-1, 1], got {fb.rating:g}",
             )
-        if self.backend.session(fb.session_id) is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no session {fb.session_id!r}")
+        await self._handle(fb.session_id, context)
         try:
             event_id = await self.backend.feedback(fb)
         except BusError as exc:
@@ -192,6 +205,13 @@ class SessionServicer:
         if handle is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no session {session_id!r}")
         assert handle is not None
+        caller = principal(context)
+        if caller and handle.submitted_by != caller:
+            # Same answer whether the owner is another principal or unknown here.
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"session {session_id!r} was not submitted by {caller!r}",
+            )
         return handle
 
 
@@ -233,28 +253,34 @@ def _streaming(
     return grpc.unary_stream_rpc_method_handler(handle, response_serializer=reply.SerializeToString)
 
 
-def service_handler(servicer: SessionServicer) -> grpc.GenericRpcHandler:
-    """SessionService's methods with no request deserializer: each handler decodes its own
-    bytes (:func:`_decode`), because a deserializer that raises makes gRPC answer UNKNOWN.
+def service_handler(
+    servicer: object, service: Any = _SERVICE, module: Any = session_service_pb2
+) -> grpc.GenericRpcHandler:
+    """A service's methods (SessionService unless ``service``, a descriptor of ``module``'s
+    file, says otherwise) with no request deserializer: each handler decodes its own bytes
+    (:func:`_decode`), because a deserializer that raises makes gRPC answer UNKNOWN.
 
     Methods come from the contract's descriptor; one the servicer does not implement is left
     out, so gRPC answers UNIMPLEMENTED for it.
     """
     handlers: dict[str, grpc.RpcMethodHandler] = {}
-    for method in _SERVICE.methods:
+    for method in service.methods:
         behaviour = getattr(servicer, method.name, None)
-        cls = getattr(session_service_pb2, method.input_type.name)
-        reply = getattr(session_service_pb2, method.output_type.name)
+        cls = getattr(module, method.input_type.name)
+        reply = getattr(module, method.output_type.name)
         if method.server_streaming and inspect.isasyncgenfunction(behaviour):
             handlers[method.name] = _streaming(behaviour, cls, reply)
         elif not method.server_streaming and inspect.iscoroutinefunction(behaviour):
             handlers[method.name] = _unary(behaviour, cls, reply)
-    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
 class GrpcServer:
-    """The orchestrator's grpc.aio server: SessionService + health + tracing, reflection when
-    ``PODIUM_GRPC_REFLECTION`` is on; specs are checked against ``pool``."""
+    """The orchestrator's grpc.aio server: SessionService, ReviewService (when given), health
+    and tracing, reflection when ``PODIUM_GRPC_REFLECTION`` is on, authentication and TLS as
+    ``PODIUM_GRPC_TOKENS`` / ``PODIUM_GRPC_TLS_*`` say; specs are checked against ``pool``.
+    Raises ConfigError (naming the setting) for an unreadable token table or TLS file, or
+    tokens without TLS."""
 
     def __init__(
         self,
@@ -263,24 +289,38 @@ class GrpcServer:
         *,
         pool: PoolSpec,
         interceptor: TracingServerInterceptor | None = None,
+        review: ReviewServicer | None = None,
     ) -> None:
         options = [
             ("grpc.max_receive_message_length", config.grpc_max_receive_bytes),
             ("grpc.max_send_message_length", config.grpc_max_message_bytes),
         ]
+        self.security = server_security(
+            tokens=config.grpc_tokens,
+            tls_cert=config.grpc_tls_cert,
+            tls_key=config.grpc_tls_key,
+            plaintext_tokens=config.grpc_plaintext_tokens,
+            host=config.grpc_host,
+        )
+        interceptors = [interceptor] if interceptor is not None else []
         self.server = grpc.aio.server(
-            interceptors=[interceptor] if interceptor is not None else None, options=options
+            interceptors=[*interceptors, *self.security.interceptors(METHOD_ROLES)],
+            options=options,
         )
         self.specs = SpecWorkers(pool, TaskLimits.of(config), max_pending=config.max_pending_specs)
         self.server.add_generic_rpc_handlers(
             (service_handler(SessionServicer(backend, self.specs)),)
         )
+        self.services = [SERVICE_NAME]
+        if review is not None:
+            self.server.add_generic_rpc_handlers((service_handler(review, _REVIEW, review_pb2),))
+            self.services.append(_REVIEW.full_name)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if config.grpc_reflection:
             reflection.enable_server_reflection(
                 (
-                    SERVICE_NAME,
+                    *self.services,
                     health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                     reflection.SERVICE_NAME,
                 ),
@@ -291,7 +331,7 @@ class GrpcServer:
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port (useful with port 0)."""
-        self.port = self.server.add_insecure_port(self.address)
+        self.port = self.security.bind(self.server, self.address)
         if self.port == 0:
             raise OSError(f"could not bind gRPC server to {self.address}")
         await self.server.start()
@@ -299,9 +339,9 @@ class GrpcServer:
         return self.port
 
     async def set_serving(self, serving: bool) -> None:
-        """Report SERVING / NOT_SERVING for the whole server and for SessionService."""
+        """Report SERVING / NOT_SERVING for the whole server and for each service."""
         status = health_status(serving)
-        for name in ("", SERVICE_NAME):
+        for name in ("", *self.services):
             await self.health.set(name, status)
 
     async def stop(self, grace_s: float) -> None:

@@ -1,16 +1,23 @@
-"""The learned scheduling policy inside the orchestrator: hot-swapped versions, cold start, and
+"""The learned scheduling policy inside the orchestrator: loaded versions, cold start, and
 the training tensors every learned session records.
 
 :class:`LearnedPolicySource` holds a :class:`~podium.policy.holder.PolicyHolder` of swarm
 policies (built by :func:`podium.policy.swarm.build_swarm_policy`) and is fed by the
-orchestrator's ``PolicyUpdated`` consumer. It hands each *session* a policy:
+orchestrator's ``PolicyUpdated`` consumer. The holder admits versions (signed, newer) and
+keeps the newest; the source also keeps every verified version a rollout may route to (the
+ones the rollout state names, :meth:`LearnedPolicySource.pin`, plus the newest few: bounded).
+It hands each *session* a policy for the version its arm names
+(:meth:`LearnedPolicySource.for_session`; :mod:`orchestrator_svc.arms` chooses it):
 
-* before any version has loaded, the cold-start rule engine (cpls), whose decisions and
-  trajectory say ``policy_version = "rules:cpls"``;
-* afterwards a :class:`SessionLearnedPolicy` pinned to the snapshot serving when the session
-  starts. A swap therefore never touches a decision, nor a session, in flight: they finish on
-  the version they started with (one version per trajectory, so the learner's policy lag is
-  well defined) and sessions started after the swap use the new one.
+* a rule engine for ``"rules:<name>"`` (the cold start is cpls: decisions and trajectory say
+  ``policy_version = "rules:cpls"``);
+* a :class:`SessionLearnedPolicy` pinned to that version's snapshot. A state change or a new
+  version therefore never touches a decision, nor a session, in flight: they finish on the
+  version they started with (one version per trajectory, so the learner's policy lag is
+  well defined) and sessions started after it get what the rollout routes them to.
+
+Without a version (``PODIUM_ROLLOUT=latest``: training drivers, demos) a session gets the
+newest loaded version, cpls before any.
 
 Training sessions (``TaskSubmitted.submitted_by`` starting with one of the configured
 prefixes, ``trainer`` by default) *sample* from the policy, so PPO sees the exploration its
@@ -29,6 +36,9 @@ version goes live only once the server has loaded its verified ONNX export
 (:meth:`LearnedPolicySource.on_policy_updated`), and sessions get a
 :class:`SessionServedPolicy`, which decides as the local one does from the server's logits but
 follows the server's version from decision to decision (see its docstring; docs/serving.md).
+The server serves one version (the newest loaded), so with a served backend a rollout route
+to ``rules:<name>`` is honoured but a route to any learned version runs on the server's
+version (the trajectory and its arm record the version that decided).
 
 Either way a version is admitted only from a signed announcement
 (:mod:`podium.policy.signing`): hashed, signed by a key in ``PODIUM_POLICY_TRUSTED_KEYS`` over
@@ -42,7 +52,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -72,6 +82,11 @@ _log = logging.getLogger(__name__)
 
 COLD_START_RULE = "cpls"
 """Rule engine that decides until the first learned version has loaded."""
+RULES_PREFIX = "rules:"
+"""How a rule engine is named as a version (``"rules:cpls"``)."""
+KEEP_NEWEST = 3
+"""Loaded versions kept for routing beyond those the rollout state names (a candidate
+proposed soon after it loaded is still there; memory stays bounded)."""
 MAX_SUBTASKS_KEY = "max_subtasks"
 """Policy metadata key: the environment's slot count S the policy was trained with (the
 running-table features are scaled by it, so sessions must use the same S)."""
@@ -264,7 +279,8 @@ class SessionServedPolicy(SessionLearnedPolicy):
 
 
 class LearnedPolicySource:
-    """The orchestrator's learned policy: versions from ``PolicyUpdated``, cpls until then."""
+    """The orchestrator's learned policy: versions from ``PolicyUpdated``, rule engines, and
+    the version each session runs (see the module docstring)."""
 
     def __init__(
         self,
@@ -274,10 +290,11 @@ class LearnedPolicySource:
         trusted: TrustedKeys,
         sample_prefixes: tuple[str, ...] = ("trainer",),
         backend: ServedPolicy | None = None,
+        keep_newest: int = KEEP_NEWEST,
     ) -> None:
         """``trusted``: the keys announcements must be signed by (``PODIUM_POLICY_TRUSTED_KEYS``,
         :meth:`TrustedKeys.load`). ``backend`` None: decisions run in this process (torch);
-        else on that server."""
+        else on that server. ``keep_newest``: loaded versions kept beyond the pinned ones."""
         self.agents = agents
         self.default_max_subtasks = default_max_subtasks
         self.sample_prefixes = sample_prefixes
@@ -285,6 +302,47 @@ class LearnedPolicySource:
         """The served backend (``PODIUM_POLICY_BACKEND=v2://...``), None for local torch."""
         self.cold_start: SchedulingPolicy = baselines.make_policy(COLD_START_RULE)
         self.holder: PolicyHolder[SwarmPolicy] = PolicyHolder(self._build, trusted)
+        self.keep_newest = keep_newest
+        self.loaded: dict[int, Served[SwarmPolicy]] = {}
+        """Every verified version kept for routing, by version (pinned and newest few)."""
+        self.pinned: frozenset[int] = frozenset()
+        """Versions the applied rollout state names (live, previous, candidate): never dropped."""
+        self._rules: dict[str, SchedulingPolicy] = {self.cold_start.version: self.cold_start}
+
+    def _remember(self, served: Served[SwarmPolicy]) -> None:
+        """Keep ``served`` for routing; drop the oldest unpinned versions beyond the bound."""
+        self.loaded[served.version] = served
+        self._prune()
+
+    def _prune(self) -> None:
+        newest = sorted(self.loaded, reverse=True)[: self.keep_newest]
+        for version in [v for v in self.loaded if v not in self.pinned and v not in newest]:
+            del self.loaded[version]
+
+    def pin(self, versions: Iterable[str]) -> None:
+        """Keep the learned ``versions`` (decimal strings; rule engines are ignored) loaded
+        while a rollout may route to them; the previous pins are released."""
+        self.pinned = frozenset(int(v) for v in versions if is_version_number(v))
+        self._prune()
+
+    def rule(self, version: str) -> SchedulingPolicy | None:
+        """The rule engine ``"rules:<name>"`` names (shared: rule engines keep no session
+        state), None if ``version`` is not one."""
+        if version not in self._rules:
+            name = version.removeprefix(RULES_PREFIX)
+            if not version.startswith(RULES_PREFIX) or name not in baselines.BASELINES:
+                return None
+            self._rules[version] = baselines.make_policy(name)
+        return self._rules[version]
+
+    def available(self, version: str) -> bool:
+        """Whether a session routed to ``version`` can run on it here: a known rule engine, or
+        a learned version loaded (served backend: any, the server runs its newest)."""
+        if not is_version_number(version):
+            return self.rule(version) is not None
+        if self.backend is not None:
+            return self.holder.version is not None
+        return int(version) in self.loaded
 
     def _build(self, weights: LoadedWeights) -> SwarmPolicy:
         net, agents = build_swarm_policy(weights)
@@ -303,26 +361,39 @@ class LearnedPolicySource:
 
     @property
     def version(self) -> int | None:
-        """Serving learned version (None while the cold-start rule engine decides)."""
+        """Newest loaded learned version (None before any has loaded). What serves a session
+        is what its route names (:meth:`for_session`); under ``PODIUM_ROLLOUT=latest``, this."""
         return self.holder.version
 
     def samples(self, submitted: task_pb2.TaskSubmitted) -> bool:
         """Whether this session samples actions (training) rather than taking the argmax."""
         return submitted.submitted_by.startswith(self.sample_prefixes)
 
-    def for_session(self, submitted: task_pb2.TaskSubmitted) -> SchedulingPolicy:
-        """The policy that runs this session (see the module docstring)."""
-        if self.holder.version is None:
-            return self.cold_start
+    def for_session(
+        self, submitted: task_pb2.TaskSubmitted, version: str | None = None
+    ) -> SchedulingPolicy:
+        """The policy that runs this session on ``version`` (see the module docstring; check
+        :meth:`available` first: a version not loaded here raises ProcessingError). None: the
+        newest loaded version, cpls before any (``PODIUM_ROLLOUT=latest``)."""
+        if version is None:
+            if self.holder.version is None:
+                return self.cold_start
+            served = self.holder.current()
+        elif (rule := self.rule(version)) is not None:
+            return rule
+        elif self.backend is not None and self.holder.version is not None:
+            served = self.holder.current()  # the server runs its newest (module docstring)
+        elif is_version_number(version) and int(version) in self.loaded:
+            served = self.loaded[int(version)]
+        else:
+            raise ProcessingError(f"{MODEL_NAME} version {version!r} is not loaded here")
         # Seeded sessions sample reproducibly; unseeded ones get fresh randomness.
         seed = int(submitted.seed) or random.SystemRandom().getrandbits(63)
         if self.backend is not None:
             return SessionServedPolicy(
-                self.holder.current(), self.backend, sample=self.samples(submitted), seed=seed
+                served, self.backend, sample=self.samples(submitted), seed=seed
             )
-        return SessionLearnedPolicy(
-            self.holder.current(), sample=self.samples(submitted), seed=seed
-        )
+        return SessionLearnedPolicy(served, sample=self.samples(submitted), seed=seed)
 
     async def on_policy_updated(self, event: reward_pb2.PolicyUpdated) -> bool:
         """Load an announced version (other models' events are ignored: False)."""
@@ -331,7 +402,8 @@ class LearnedPolicySource:
         if self.backend is not None:
             return await self._go_live_served(event, self.backend)
         if await self.holder.on_policy_updated(event):
-            _log.info("serving %s v%d (%s)", MODEL_NAME, event.version, event.uri)
+            self._remember(self.holder.current())
+            _log.info("loaded %s v%d (%s)", MODEL_NAME, event.version, event.uri)
             return True
         self._log_refusal(event)
         return False
@@ -392,6 +464,8 @@ class LearnedPolicySource:
             self.holder.last_error = exc
             self._log_refusal(event)
             return False
-        self.holder.publish(Served(version, policy, weights.sha256, str(weights.path)))
+        self._remember(
+            self.holder.publish(Served(version, policy, weights.sha256, str(weights.path)))
+        )
         _log.info("serving %s v%s on %s (%s)", MODEL_NAME, live, backend.url, event.onnx_uri)
         return True

@@ -20,13 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import Awaitable, Callable
 
 from podium import codec, topics
-from podium.bus import Bus, InProcBus, KafkaBus
+from podium.bus import Bus, read_committed
 from podium.bus.base import Record
-from podium.errors import BusError, ConfigError, DecodeError
+from podium.errors import BusError, DecodeError
 from podium.v1 import orchestrator_pb2
 
 _log = logging.getLogger(__name__)
@@ -54,42 +53,9 @@ def parse_done(record: Record, group_id: str) -> orchestrator_pb2.SessionDone | 
     return done
 
 
-async def read_topic(bus: Bus, topic: str) -> list[Record]:
-    """Every committed record of ``topic`` now (read_committed, no group position moved).
-
-    Kafka reads each partition up to its last stable offset; the in-process bus has no
-    pending transactions, so its end offsets are final.
-    """
-    if isinstance(bus, KafkaBus):
-        out: list[Record] = []
-        for partition in await bus.partitions(topic, wait_s=5.0):
-            async for chunk in bus.read_range(topic, partition, 0):
-                out += chunk
-        return out
-    if isinstance(bus, InProcBus):
-        return await _read_inproc(bus, topic)
-    raise ConfigError(
-        f"the session ledger needs a Kafka or in-process bus, got {type(bus).__name__}"
-    )
-
-
-async def _read_inproc(bus: InProcBus, topic: str) -> list[Record]:
-    """All of ``topic`` on the in-process bus, through a throw-away group."""
-    ends = bus.end_offsets(topic)
-    if not any(ends.values()):
-        return []
-    reader = bus.subscriber([topic], f"ledger-read.{uuid.uuid4().hex}")
-    await reader.start()
-    out: list[Record] = []
-    try:
-        while len(out) < sum(ends.values()):
-            chunk = await reader.fetch(timeout_s=0.1)
-            out += [r for r in chunk if r.offset < ends.get(r.partition, 0)]
-            if not chunk:
-                break
-    finally:
-        await reader.stop()
-    return out
+read_topic = read_committed
+"""Every committed record of a topic now: :func:`podium.bus.read_committed` (the ledger's
+take-over read; kept under this name for the ledger's callers)."""
 
 
 class LedgerFollower:

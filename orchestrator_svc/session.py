@@ -25,6 +25,7 @@ import heapq
 import logging
 import random
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -36,6 +37,13 @@ from orchestrator_svc.policy import (
     SchedulingPolicy,
     TrainingPolicy,
     TrainingRecord,
+)
+from orchestrator_svc.review import (
+    APPROVED,
+    SESSION_END_REVIEWER,
+    ReviewGate,
+    review_id_for,
+    verdict_name,
 )
 from podium import topics
 from podium.bus.consumer import EventPublisher
@@ -54,8 +62,9 @@ from podium.envs.swarm.trajectory import (
 )
 from podium.errors import BusError, PodiumError
 from podium.policy.decisions import EpisodeRecorder
+from podium.rollout.routing import Route
+from podium.v1 import review_pb2, subtask_pb2, task_pb2, trajectory_pb2
 from podium.v1 import session_service_pb2 as ss_pb2
-from podium.v1 import subtask_pb2, task_pb2, trajectory_pb2
 
 _log = logging.getLogger(__name__)
 
@@ -83,6 +92,12 @@ class BusSimulator(SwarmSimulator):
     ``start`` derives each execution's seed exactly as :class:`SwarmSimulator` does, but instead of sampling the outcome it queues the execution
     in :attr:`outbox` for the session to publish. :meth:`add_result` feeds outcomes back;
     ``wait`` and ``deliver_due`` then behave as the simulator's, over those outcomes.
+
+    A START of a slot in ``review_slots`` (sensitive subtasks, when the review gate is on)
+    that is not approved yet starts nothing: the slot is held
+    (:meth:`~podium.envs.swarm.state.SwarmState.hold`) and queued in :attr:`holds` for the
+    session to request its review. The decision costs its step as any other; no simulated
+    time passes for the review itself.
     """
 
     def __init__(
@@ -91,8 +106,16 @@ class BusSimulator(SwarmSimulator):
         pool: SubagentPool,
         seed: int,
         config: StateConfig | None = None,
+        *,
+        review_slots: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__(task, pool, seed=seed, config=config)
+        self.review_slots = review_slots
+        """Slots whose start needs a human review."""
+        self.approved: set[int] = set()
+        """Slots of :attr:`review_slots` approved: they start like any other from now on."""
+        self.holds: list[tuple[int, int]] = []
+        """(slot, agent) of START decisions held for review, not yet requested."""
         self.outbox: list[ExecutionRecord] = []
         """Executions started but not yet published."""
         self.results: dict[int, subtask_pb2.SubtaskResult] = {}
@@ -101,6 +124,10 @@ class BusSimulator(SwarmSimulator):
         """Executions whose completion the state has seen, in delivery order."""
 
     def start(self, slot: int, agent: int, k: int = 1) -> list[ExecutionRecord]:
+        if slot in self.review_slots and slot not in self.approved:
+            self.state.hold(slot)
+            self.holds.append((slot, agent))
+            return []
         recs = self.state.start(slot, agent, k)
         for rec in recs:
             # Same seed as SwarmSimulator.start: replays match the simulator.
@@ -144,6 +171,8 @@ class SessionHandle:
 
     session_id: str
     task: task_pb2.TaskSpec
+    submitted_by: str = ""
+    """Who submitted it (the authenticated principal): the one plugin that may read it."""
     state: int = ss_pb2.SESSION_STATE_PENDING
     events: list[ss_pb2.StreamSessionResponse] = field(default_factory=list)
     result: ss_pb2.SessionResult | None = None
@@ -219,7 +248,13 @@ class Session:
         tracer: trace.Tracer,
         *,
         on_event: Callable[[str, str], None] | None = None,
+        route: Route | None = None,
+        review: ReviewGate | None = None,
     ) -> None:
+        """``route``: the rollout arm the session was routed to when it started (recorded in
+        its trajectory with the version that actually decided); None: no arm recorded.
+        ``review``: the gate holding sensitive subtasks for a human decision (see
+        :mod:`orchestrator_svc.review`); None: sensitive subtasks start like any other."""
         self.submitted = submitted
         self.session_id = submitted.session_id
         self.task = task
@@ -231,6 +266,7 @@ class Session:
         self.tracer = tracer
         self.on_event = on_event
         """Optional ``(session_id, line)`` callback for human-readable progress (the demo)."""
+        self.route = route
         self.seed = int(submitted.seed) or random.SystemRandom().getrandbits(63)
         # A run id makes execution ids unique per run, so results left over from an earlier
         # run of the same session (a redelivered TaskSubmitted) are recognised as stale.
@@ -245,9 +281,22 @@ class Session:
             )
         )
         self.env = SwarmEnv([task], pool, env_config)
+        self.review = review
+        sensitive = frozenset(i for i, s in enumerate(task.subtasks) if s.sensitive)
         self.sim = BusSimulator(
-            task, pool, self.seed, StateConfig(loop_retry_limit=self.env.config.loop_retry_limit)
+            task,
+            pool,
+            self.seed,
+            StateConfig(loop_retry_limit=self.env.config.loop_retry_limit),
+            review_slots=sensitive if review is not None else frozenset(),
         )
+        self.reviews: dict[str, trajectory_pb2.ReviewRecord | None] = {}
+        """Reviews of this run in request order; None while pending."""
+        self._held: dict[str, tuple[int, asyncio.Future[trajectory_pb2.ReviewRecord]]] = {}
+        """Pending reviews: review id -> (slot, its decision to come)."""
+        self.review_wait_s = 0.0
+        """Wall seconds during which at least one subtask was held (closed intervals)."""
+        self._held_since = 0.0
         self.assigned: dict[int, subtask_pb2.SubtaskAssigned] = {}
         self.decisions: list[trajectory_pb2.Decision] = []
         """Decisions as streamed; the trajectory repeats them."""
@@ -257,6 +306,9 @@ class Session:
         """Version of the policy that made each decision."""
         self.rewards: list[float] = []
         """The environment's reward for each decision."""
+        self.decide_ms: list[float] = []
+        """Wall milliseconds the policy took for each decision (the guardrail on decision
+        latency reads them from the trajectory)."""
         self.recorder: EpisodeRecorder | None = None
         """Training tensors of a rule-engine session (``record_tensors``)."""
         if settings.record_tensors and not isinstance(policy, TrainingPolicy):
@@ -306,6 +358,107 @@ class Session:
                     f"no result within {self.settings.result_timeout_s:g}s for: {ids}"
                 ) from None
 
+    # ----------------------------------------------------------------- reviews
+
+    async def _request_reviews(self) -> None:
+        """Ask the gate to review each subtask the last decision held (see BusSimulator)."""
+        holds, self.sim.holds = self.sim.holds, []
+        if not holds:
+            return
+        assert self.review is not None  # only a gated BusSimulator holds
+        for slot, agent in holds:
+            spec = self.task.subtasks[slot]
+            pending = review_pb2.PendingReview(
+                review_id=review_id_for(self.session_id, self.run_id, spec.id),
+                session_id=self.session_id,
+                subtask_id=spec.id,
+                kind=spec.kind,
+                description=spec.description,
+                agent=self.pool.agent_names[agent],
+                submitted_by=self.submitted.submitted_by,
+            )
+            decision = await self.review.request(pending)
+            if not self._held:
+                self._held_since = time.monotonic()
+            self._held[pending.review_id] = (slot, decision)
+            self.reviews[pending.review_id] = None
+            self._say(f"  {spec.id} held for review ({pending.review_id}) on {pending.agent}")
+
+    async def _settle_reviews(self) -> None:
+        """Apply the decisions in hand; when no action is possible until one arrives (only
+        held subtasks are left), wait for the next, in wall time: the simulated clock stands
+        still, so waiting for a human never counts as scheduling latency."""
+        self._apply_decisions()
+        while self._held and self.env.valid_action_count() == 0:
+            waiting = {decision for _, decision in self._held.values()}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            self._apply_decisions()
+
+    def _apply_decisions(self) -> None:
+        """Release approved holds (the policy may start them now) and withdraw the others
+        (they never run; their dependents never either)."""
+        state, changed = self.sim.state, False
+        for rid, (slot, decision) in list(self._held.items()):
+            if not decision.done():
+                continue
+            record = decision.result()
+            self._finish_review(rid, record)
+            if record.verdict == APPROVED:
+                self.sim.approved.add(slot)
+                state.release(slot)
+            else:
+                state.withdraw(slot)
+            changed = True
+            self._say(
+                f"  {record.subtask_id} {verdict_name(record.verdict)} by {record.reviewer} "
+                f"after {record.wait_s:.1f}s" + (f": {record.reason}" if record.reason else "")
+            )
+        if changed:
+            self.env.refresh()
+
+    def _finish_review(self, review_id: str, record: trajectory_pb2.ReviewRecord) -> None:
+        """Record a decided review; close the wait interval when nothing is held any more."""
+        self._held.pop(review_id, None)
+        self.reviews[review_id] = record
+        if not self._held:
+            self.review_wait_s += time.monotonic() - self._held_since
+
+    async def _end_reviews(self) -> None:
+        """The session ended with subtasks still held (a timeout, a truncation): their
+        reviews end as expired, so no replica lists them any more."""
+        if not self._held or self.review is None:
+            return
+        reason = (
+            f"session ended before a decision{': ' + self.end_reason if self.end_reason else ''}"
+        )
+        try:
+            records = await self.review.abandon(list(self._held), reason[:2000])
+        except Exception:  # the trajectory must still be published
+            _log.exception("session %s: could not close its reviews", self.session_id)
+            records = []
+        for record in records:
+            self._finish_review(record.review_id, record)
+        for rid in list(self._held):  # not published: still recorded as ended here
+            record = trajectory_pb2.ReviewRecord(
+                review_id=rid,
+                session_id=self.session_id,
+                subtask_id=self.task.subtasks[self._held[rid][0]].id,
+                verdict=trajectory_pb2.REVIEW_VERDICT_EXPIRED,
+                reviewer=SESSION_END_REVIEWER,
+                reason=reason,
+            )
+            self._finish_review(rid, record)
+
+    def _review_summary(self) -> str:
+        """``; review: a rejected by bob, b expired`` for the session result, or ""."""
+        ended = [
+            f"{r.subtask_id} {verdict_name(r.verdict)}"
+            + (f" by {r.reviewer}" if r.reviewer else "")
+            for r in self.reviews.values()
+            if r is not None and r.verdict != APPROVED
+        ]
+        return f"; review: {', '.join(ended)}" if ended else ""
+
     # ----------------------------------------------------------------- the loop
 
     async def run(self) -> trajectory_pb2.Trajectory:
@@ -328,6 +481,7 @@ class Session:
             except Exception as exc:  # a bug or bad data must still end the session
                 self.end_reason = f"crashed: {type(exc).__name__}: {exc}"[:2000]
                 _log.exception("session %s crashed", self.session_id)
+            await self._end_reviews()
             try:
                 return self._trajectory(started_at, truncated)
             except Exception as exc:
@@ -344,7 +498,9 @@ class Session:
         terminated = truncated = False
         while not (terminated or truncated):
             await self._await_running()
+            await self._settle_reviews()
             terminated, truncated = await self._decide()
+            await self._request_reviews()
         if self.sim.state.loop_detected:
             self.end_reason = self.sim.state.loop_reason
         elif truncated:
@@ -354,15 +510,18 @@ class Session:
     async def _decide(self) -> tuple[bool, bool]:
         """One decision: ask the policy, apply it, stream it; (terminated, truncated)."""
         env, state = self.env, self.sim.state
+        started = time.perf_counter()
         step = (
             await self.policy.act_async(env)
             if isinstance(self.policy, RemotePolicy)
             else self.policy.act(env)
         )
+        decide_ms = (time.perf_counter() - started) * 1000.0
         if self.recorder is not None:
             self.recorder.record(env.observation(), env.action_masks(), step.action)
         before = len(self.sim.delivered)
         _, reward, terminated, truncated, _ = env.step(step.action)
+        self.decide_ms.append(decide_ms)
         self.steps.append(step)
         self.versions.append(self.policy.version)  # a served policy's may change per decision
         self.rewards.append(float(reward))
@@ -374,6 +533,7 @@ class Session:
             value=step.value,
             env_reward=self.rewards[-1],
         )
+        decision.decide_ms = self.decide_ms[-1]
         self.decisions.append(decision)
         await self.handle.emit(decision=decision)
         self._say(self._describe(decision))
@@ -487,7 +647,12 @@ class Session:
                 values=[s.value for s in self.steps],
                 rewards=self.rewards,
             )
+        arm = (
+            # What actually decided (a served policy's may differ from the one routed to).
+            replace(self.route, version=record.policy_version) if self.route is not None else None
+        )
         labels = {
+            **({"arm": arm.label} if arm is not None else {}),
             "seed": str(self.seed),
             "run_id": self.run_id,
             "policy": self.policy.name,
@@ -495,7 +660,7 @@ class Session:
             **({"end_reason": self.end_reason} if self.end_reason else {}),
             **record.labels,
         }
-        return episode_trajectory(
+        traj = episode_trajectory(
             self.env,
             policy_version=record.policy_version,
             trajectory_id=self.session_id,
@@ -506,7 +671,15 @@ class Session:
             truncated=truncated,
             started_at=started_at,
             ended_at=datetime.now(UTC),
+            reviews=[r for r in self.reviews.values() if r is not None],
+            review_wait_s=self.review_wait_s,
         )
+        # Not strict: a decision the environment refused (a crash) has no entry here.
+        for decision, ms in zip(traj.decisions, self.decide_ms, strict=False):
+            decision.decide_ms = ms
+        if arm is not None:
+            traj.arm.CopyFrom(arm.arm())
+        return traj
 
     def _training_record(self) -> TrainingRecord:
         """What the policy adds to the trajectory (a training policy: its version attribution,
@@ -527,6 +700,7 @@ class Session:
             f"{len(traj.decisions)} decisions, {len(traj.executions)} executions, "
             f"peak parallelism {self.peak_parallel}"
             + (f"; {self.end_reason}" if self.end_reason else "")
+            + self._review_summary()
         )
         return ss_pb2.SessionResult(
             state=ss_pb2.SESSION_STATE_SUCCEEDED if ok else ss_pb2.SESSION_STATE_FAILED,

@@ -62,3 +62,15 @@ class AdmissionError(PodiumError):
     def __init__(self, message: str, *, limit: str = "") -> None:
         super().__init__(message)
         self.limit = limit
+
+
+class RolloutConflict(PodiumError):
+    """A rollout command that does not apply to the rollout's current state (e.g. advancing
+    while IDLE, resuming what is not paused). Not retriable: the same command fails again on
+    the same state. ``state`` names the stage it met, ``command`` what was asked (gRPC maps it
+    to FAILED_PRECONDITION)."""
+
+    def __init__(self, message: str, *, state: str = "", command: str = "") -> None:
+        super().__init__(message)
+        self.state = state
+        self.command = command

@@ -40,6 +40,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "podium_app.commands.bench_serving",
         "Latency and throughput of policy decisions, local torch vs a KServe-V2 server.",
     ),
+    "bench rollout": (
+        "podium_app.commands.bench_rollout",
+        "Shadow twin evaluation throughput and promote propagation to every replica.",
+    ),
+    "rollout": (
+        "podium_app.commands.rollout",
+        "Drive and inspect the rollout of a candidate policy: status, promote, rollback, report.",
+    ),
     "reward explain": (
         "podium_app.commands.reward_explain",
         "Print the full reward breakdown of one trajectory (protobuf JSON) as JSON.",

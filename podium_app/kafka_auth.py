@@ -44,6 +44,8 @@ SERVICES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             topics.SCORED_TRAJECTORIES,
             topics.POLICY_UPDATES,
             topics.ORCHESTRATOR_SESSIONS,
+            topics.ROLLOUT,
+            topics.REVIEWS,
         ),
         (
             topics.TASKS,
@@ -51,17 +53,29 @@ SERVICES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             topics.TRAJECTORIES,
             topics.FEEDBACK,
             topics.ORCHESTRATOR_SESSIONS,
+            topics.REVIEWS,
         ),
     ),
     "subagent": ((topics.SUBTASKS_ASSIGNED,), (topics.SUBTASK_RESULTS,)),
     "reward": ((topics.TRAJECTORIES,), (topics.SCORED_TRAJECTORIES,)),
-    "learner": ((topics.SCORED_TRAJECTORIES,), (topics.POLICY_UPDATES,)),
+    "learner": (
+        (topics.SCORED_TRAJECTORIES, topics.ROLLOUT, topics.POLICY_UPDATES),
+        (topics.POLICY_UPDATES,),
+    ),
+    "rollout": (
+        (topics.SCORED_TRAJECTORIES, topics.TRAJECTORIES, topics.POLICY_UPDATES, topics.ROLLOUT),
+        (topics.ROLLOUT,),
+    ),
 }
 """Principal name -> (topics it consumes, topics it produces), from docs/architecture.md.
 The orchestrator also creates, writes and reads its session ledger
 (:data:`~podium.topics.ORCHESTRATOR_SESSIONS`).
 The principal's consumer groups and transactional ids are those that start with its name
-(``reward`` covers reward_svc's default group ``reward_svc`` and ids ``reward_svc-<pod>``)."""
+(``reward`` covers reward_svc's default group ``reward_svc`` and ids ``reward_svc-<pod>``).
+``rollout`` is the rollout controller (learner_svc in ``rollout`` mode, the one writer of
+:data:`~podium.topics.ROLLOUT`); the orchestrator and the learner read the rollout state.
+The learner reads the policy updates too: a reset to the live version loads that version's
+signed announcement (learner_svc/lineage.py)."""
 
 
 class AuthError(PodiumError):

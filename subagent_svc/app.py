@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +25,10 @@ from podium import topics
 from podium.bus.base import Bus, Record, TopicSpec
 from podium.bus.consumer import EventConsumer, EventPublisher
 from podium.codec import unpack_as
+from podium.envs.swarm.drift import DriftingPool, load_drift
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.spec import PoolSpec, default_pool, load_pool
-from podium.errors import ConfigError
+from podium.errors import ConfigError, SpecError
 from podium.service import ServiceShell, default_instance_name
 from podium.v1 import envelope_pb2, subtask_pb2
 from subagent_svc.config import SubagentConfig
@@ -49,6 +51,26 @@ def result_event_id(execution_id: str) -> str:
 def load_pool_spec(path: str) -> PoolSpec:
     """The pool named by ``path``, or the shipped default when empty."""
     return load_pool(Path(path)) if path else default_pool()
+
+
+def drifting_pool(nominal: SubagentPool, config: SubagentConfig) -> DriftingPool:
+    """The true pool of ``config``'s drift scenario over ``nominal``; a bad scenario (unknown
+    name, invalid file, an agent or kind the pool lacks) is a :class:`ConfigError` naming
+    ``PODIUM_SUBAGENT_DRIFT``."""
+    try:
+        schedule = load_drift(config.drift)
+        origin = time.time() if config.drift_origin is None else config.drift_origin
+        pool = DriftingPool(nominal, schedule, origin)
+    except SpecError as exc:
+        raise ConfigError(f"PODIUM_SUBAGENT_DRIFT={config.drift!r}: {exc}") from exc
+    if schedule.changes:
+        _log.info(
+            "drift scenario %r: %d change(s) from origin %.3f",
+            schedule.name,
+            len(schedule.changes),
+            origin,
+        )
+    return pool
 
 
 def output_digest(assigned: subtask_pb2.SubtaskAssigned) -> str:
@@ -158,6 +180,11 @@ class SubagentApp:
         except Exception as exc:  # SpecError and file errors: name the setting
             raise ConfigError(f"PODIUM_POOL_SPEC={config.pool_spec!r}: {exc}") from exc
         self.pool = SubagentPool(spec)
+        """The nominal pool (what ``PODIUM_POOL_SPEC`` says, and the orchestrator plans for)."""
+        self.true_pool = drifting_pool(self.pool, config)
+        """The pool executions are sampled from: the nominal one under the drift scenario
+        (``PODIUM_SUBAGENT_DRIFT``, :mod:`podium.envs.swarm.drift`); without one, always the
+        nominal pool."""
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(SERVICE)
         self.stats = SubagentStats()
         self.publisher = EventPublisher(bus, producer_name=self.instance)
@@ -202,7 +229,7 @@ class SubagentApp:
                 "podium.kind": assigned.kind,
             },
         ) as span:
-            result = execute(self.pool, assigned)
+            result = execute(self.true_pool.at(time.time()), assigned)
             duration = result.end_time - result.start_time
             if self.config.time_scale > 0 and duration > 0:
                 # Pacing only: the outcome was fixed by the seed before the sleep.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from podium.config import ServiceConfig, env, positive_int
@@ -12,6 +13,14 @@ def non_negative_float(raw: str) -> float:
     value = float(raw)
     if not value >= 0:
         raise ValueError("expected a number >= 0")
+    return value
+
+
+def unix_time(raw: str) -> float:
+    """A finite number of seconds since the Unix epoch, >= 0."""
+    value = non_negative_float(raw)
+    if not math.isfinite(value):
+        raise ValueError("expected a finite unix time in seconds")
     return value
 
 
@@ -29,3 +38,11 @@ class SubagentConfig(ServiceConfig):
     time_scale: float = env("PODIUM_SUBAGENT_TIME_SCALE", default=0.0, parse=non_negative_float)
     """Wall-clock seconds an execution takes per unit of simulated time (0 = instant).
     Pacing makes demos watchable and gives shutdown tests a batch in hand."""
+    drift: str = env("PODIUM_SUBAGENT_DRIFT", default="")
+    """Drift scenario of the simulated sub-agents: a shipped name (``slow-specialist``,
+    ``flaky-agent``, ``none``; ``podium/data/drift/``) or a scenario file; empty = none. Each
+    execution samples from the scenario's true pool at (now - origin), while the orchestrator
+    keeps planning for the nominal ``PODIUM_POOL_SPEC`` (:mod:`podium.envs.swarm.drift`)."""
+    drift_origin: float | None = env("PODIUM_SUBAGENT_DRIFT_ORIGIN", default=None, parse=unix_time)
+    """Unix time (seconds) the scenario's ``at_s`` count from; unset = when the service
+    started. Several workers given the same origin drift at the same moment."""

@@ -115,7 +115,7 @@ def test_no_long_functions_in_services_and_top_floor() -> None:
     assert not long, "functions over 80 lines: " + "; ".join(long)
 
 
-SYSTEM_SUITES = ("faults",)
+SYSTEM_SUITES = ("faults", "rollout")
 """Test suites of the whole system (every service as a process), which mirror no one package."""
 
 

@@ -6,7 +6,7 @@
 Services use :func:`connect` with a URL from their config, then :class:`EventPublisher` to
 write events, :class:`EventConsumer` to process them (at-least-once, effectively once), and
 :class:`Transformer` for consume-transform-produce exactly once (one transaction per input
-partition). Whether a URL
+partition), :func:`read_committed` to read a state topic whole. Whether a URL
 names Kafka is decided here only (:func:`is_kafka_url`). Importing this package never
 contacts a broker.
 """
@@ -38,6 +38,7 @@ from podium.bus.consumer import (
 )
 from podium.bus.inproc import InProcBus
 from podium.bus.kafka import KafkaBus, KafkaConfig
+from podium.bus.read import read_committed, read_tail
 from podium.bus.transform import Output, Transform, Transformer, TransformStats
 from podium.errors import ConfigError
 
@@ -70,6 +71,8 @@ __all__ = [
     "is_kafka_url",
     "is_retriable",
     "partition_transactional_id",
+    "read_committed",
+    "read_tail",
 ]
 
 

@@ -484,6 +484,24 @@ class KafkaBus(Bus):
                 await consumer.stop()
             await asyncio.sleep(1.0)
 
+    async def end_offsets(self, topic: str) -> dict[int, int]:
+        """Next offset to be written per partition of ``topic`` (empty if it does not exist):
+        where a tail read (:func:`podium.bus.read.read_tail`) starts counting back from."""
+        parts = await self.partitions(topic)
+        if not parts:
+            return {}
+        consumer = AIOKafkaConsumer(**self.config.client_kwargs(), enable_auto_commit=False)
+        tps = [TopicPartition(topic, p) for p in parts]
+        try:
+            await consumer.start()
+            consumer.assign(tps)
+            ends = await consumer.end_offsets(tps)
+        except (KafkaError, OSError) as exc:
+            raise bus_error(f"end offsets of {topic}", exc) from exc
+        finally:
+            await consumer.stop()
+        return {tp.partition: int(off) for tp, off in ends.items()}
+
     async def read_range(
         self,
         topic: str,

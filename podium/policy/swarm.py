@@ -170,6 +170,22 @@ def build_swarm_policy(weights: LoadedWeights) -> tuple[SwarmPolicyNet, tuple[st
     return net, agents
 
 
+MAX_SUBTASKS_KEY = "max_subtasks"
+"""Policy metadata key: the environment's slot count S the policy was trained with (the
+running-table features are scaled by it, so its sessions must use the same S)."""
+
+
+def policy_max_subtasks(weights: LoadedWeights, default: int) -> int:
+    """The slot count S a version was trained with (its ``max_subtasks`` metadata; ``default``
+    for files that do not say); :class:`ArtifactError` when the metadata is not a count."""
+    raw = weights.metadata.get(MAX_SUBTASKS_KEY, "")
+    if not raw:
+        return default
+    if not is_version_number(raw) or int(raw) < 1:  # a bare ASCII count, as versions are
+        raise ArtifactError(f"{weights.path}: metadata {MAX_SUBTASKS_KEY}={raw!r} is not a count")
+    return int(raw)
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A policy file from a path that may be the file, a version directory, or a run directory
     (then the newest version of its ``checkpoints/``, or its ``policy.safetensors``)."""

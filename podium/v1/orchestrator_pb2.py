@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from podium.v1 import session_service_pb2 as podium_dot_v1_dot_session__service__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpodium/v1/orchestrator.proto\x12\tpodium.v1\x1a\x1fpodium/v1/session_service.proto\"\xd6\x01\n\x0bSessionDone\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x17\n\x0ftasks_partition\x18\x04 \x01(\x05\x12\x14\n\x0ctasks_offset\x18\x05 \x01(\x03\x12(\n\x06result\x18\x06 \x01(\x0b\x32\x18.podium.v1.SessionResult\x12\x15\n\rtrajectory_id\x18\x07 \x01(\t\x12\x0f\n\x07resumed\x18\x08 \x01(\x08\x12\x10\n\x08producer\x18\t \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpodium/v1/orchestrator.proto\x12\tpodium.v1\x1a\x1fpodium/v1/session_service.proto\"\xec\x01\n\x0bSessionDone\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x17\n\x0ftasks_partition\x18\x04 \x01(\x05\x12\x14\n\x0ctasks_offset\x18\x05 \x01(\x03\x12(\n\x06result\x18\x06 \x01(\x0b\x32\x18.podium.v1.SessionResult\x12\x15\n\rtrajectory_id\x18\x07 \x01(\t\x12\x0f\n\x07resumed\x18\x08 \x01(\x08\x12\x10\n\x08producer\x18\t \x01(\t\x12\x14\n\x0csubmitted_by\x18\n \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,5 +33,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'podium.v1.orchestrator_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SESSIONDONE']._serialized_start=77
-  _globals['_SESSIONDONE']._serialized_end=291
+  _globals['_SESSIONDONE']._serialized_end=313
 # @@protoc_insertion_point(module_scope)

@@ -39,6 +39,7 @@ class SessionDone(_message.Message):
     TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
     RESUMED_FIELD_NUMBER: _builtins.int
     PRODUCER_FIELD_NUMBER: _builtins.int
+    SUBMITTED_BY_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session (uuid5 of client_request_id when the client gave one)."""
     run_id: _builtins.str
@@ -56,6 +57,10 @@ class SessionDone(_message.Message):
     """Whether the run was a re-run after a take-over (an earlier owner died or was fenced)."""
     producer: _builtins.str
     """Instance that ran it."""
+    submitted_by: _builtins.str
+    """Who submitted the session (the authenticated principal), so any replica that learns of
+    the session from the ledger can answer its owner's reads and refuse everyone else's.
+    """
     @_builtins.property
     def result(self) -> _session_service_pb2.SessionResult:
         """The terminal result every stream of the session ends with."""
@@ -72,10 +77,11 @@ class SessionDone(_message.Message):
         trajectory_id: _builtins.str = ...,
         resumed: _builtins.bool = ...,
         producer: _builtins.str = ...,
+        submitted_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "producer", b"producer", "result", b"result", "resumed", b"resumed", "run_id", b"run_id", "session_id", b"session_id", "tasks_offset", b"tasks_offset", "tasks_partition", b"tasks_partition", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "producer", b"producer", "result", b"result", "resumed", b"resumed", "run_id", b"run_id", "session_id", b"session_id", "submitted_by", b"submitted_by", "tasks_offset", b"tasks_offset", "tasks_partition", b"tasks_partition", "trajectory_id", b"trajectory_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -12,17 +12,11 @@ runs where ``$PODIUM_KAFKA_BOOTSTRAP`` is set, is skipped by hand without it, an
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from harness import Cluster, Services
-from proxy import TcpProxy
-
-from podium_app.kafka_broker import KafkaBroker
+from harness import Cluster, render_table, running_cluster
 
 ROWS: list[dict[str, object]] = []
 """One row per scenario run in this session (recorded through :func:`fault_table`)."""
@@ -48,18 +42,6 @@ COLUMNS = (
 )
 
 
-def render_table(rows: list[dict[str, object]]) -> str:
-    """The rows as a Markdown table."""
-
-    def cell(value: object) -> str:
-        return f"{value:.1f}" if isinstance(value, float) else str(value)
-
-    head = "| " + " | ".join(title for _, title in COLUMNS) + " |"
-    rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
-    body = ["| " + " | ".join(cell(r.get(k, "")) for k, _ in COLUMNS) + " |" for r in rows]
-    return "\n".join([head, rule, *body])
-
-
 @pytest.fixture(scope="session")
 def fault_table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., None]]:
     """``fault_table(**row)`` records a scenario's row; the table is written to
@@ -71,36 +53,20 @@ def fault_table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
     yield record
     if ROWS:
         path = tmp_path_factory.getbasetemp() / "faults-table.md"
-        path.write_text(render_table(ROWS) + "\n")
+        path.write_text(render_table(ROWS, COLUMNS) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Print the scenarios x counts table after the run."""
     if ROWS:
         terminalreporter.section("fault suite: scenarios x counts")
-        terminalreporter.write_line(render_table(ROWS))
+        terminalreporter.write_line(render_table(ROWS, COLUMNS))
 
 
 @pytest.fixture
 async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster]:
     """A fresh secured broker (SASL_SSL, ACLs) behind a fresh proxy, and an empty set of
-    service processes."""
+    service processes (:func:`harness.running_cluster`)."""
     del kafka_bootstrap  # only the gate: a machine that runs the Kafka tests runs these
-    proxy = TcpProxy()
-    proxy.start()
-    # The product's broker: SCRAM over TLS with ACLs on both client listeners (the proxied one
-    # too); services log in as their own principals, the harness as admin.
-    broker = KafkaBroker(tmp_path / "kafka", proxy_port=proxy.port)
-    services = Services(tmp_path / "logs", broker, proxy.address)
-    try:
-        broker.start(120)
-        proxy.target_port = broker.proxied_port
-        yield Cluster(broker, proxy, services)
-    finally:
-        services.kill_all()
-        with contextlib.suppress(Exception):
-            pid = broker.pid()
-            if pid is not None:
-                os.kill(pid, signal.SIGCONT)  # a paused broker must wake to die
-            broker.kill9()
-        proxy.stop()
+    async with running_cluster(tmp_path) as cluster:
+        yield cluster

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -130,15 +130,12 @@ class Services:
         )
 
     def orchestrator(self, name: str = "orch-1", **env: str) -> None:
-        self.start(
-            name,
-            "orchestrator_svc",
-            "orchestrator",
-            PODIUM_GRPC_HOST="127.0.0.1",
-            PODIUM_GRPC_PORT="0",
-            PODIUM_SESSION_TIMEOUT_S="30",
-            **env,
-        )
+        defaults = {
+            "PODIUM_GRPC_HOST": "127.0.0.1",
+            "PODIUM_GRPC_PORT": "0",
+            "PODIUM_SESSION_TIMEOUT_S": "30",
+        }
+        self.start(name, "orchestrator_svc", "orchestrator", **(defaults | env))
 
     def trusted_keys(self) -> str:
         """A fresh policy-signing key pair (``podium keys generate``); the public key's path,
@@ -257,6 +254,31 @@ class Cluster:
         os.kill(pid, signal.SIGCONT)
 
 
+@contextlib.asynccontextmanager
+async def running_cluster(root: Path) -> AsyncIterator[Cluster]:
+    """A fresh secured broker (SASL_SSL, ACLs) under ``root/kafka`` behind a fresh proxy, and an
+    empty set of service processes logging under ``root/logs``; on exit every process is
+    killed and the broker too, whatever happened."""
+    proxy = TcpProxy()
+    proxy.start()
+    # The product's broker: SCRAM over TLS with ACLs on both client listeners (the proxied one
+    # too); services log in as their own principals, the harness as admin.
+    broker = KafkaBroker(root / "kafka", proxy_port=proxy.port)
+    services = Services(root / "logs", broker, proxy.address)
+    try:
+        broker.start(120)
+        proxy.target_port = broker.proxied_port
+        yield Cluster(broker, proxy, services)
+    finally:
+        services.kill_all()
+        with contextlib.suppress(Exception):
+            pid = broker.pid()
+            if pid is not None:
+                os.kill(pid, signal.SIGCONT)  # a paused broker must wake to die
+            broker.kill9()
+        proxy.stop()
+
+
 def _traceparent() -> tuple[str, str]:
     trace = secrets.token_hex(16)
     return trace, f"00-{trace}-{secrets.token_hex(8)}-01"
@@ -277,6 +299,8 @@ class Load:
     """Session id -> when its trajectory was first seen."""
     scored: set[str] = field(default_factory=set)
     """Sessions whose scored trajectory has been seen."""
+    tail_topics: tuple[str, ...] = (topics.TRAJECTORIES, topics.SCORED_TRAJECTORIES)
+    """Topics the tail follows from their beginning (each record goes to :meth:`_note`)."""
     _bus: KafkaBus | None = None
     _tail: asyncio.Task[None] | None = None
     _task: task_pb2.TaskSpec = field(default_factory=lambda: task_to_proto(parse_task(SHORT_TASK)))
@@ -284,7 +308,10 @@ class Load:
     async def start(self) -> None:
         self._bus = KafkaBus(dataclasses.replace(self.config, client_id="fault-load"))
         await self._bus.start()
-        await self._bus.create_topics([TopicSpec(t, 3) for t in topics.ALL])
+        # The compacted registries (rollout, reviews) are created by the services that own
+        # them, with their own partitioning: never as plain 3-partition topics here.
+        owned = (topics.ROLLOUT, topics.REVIEWS)
+        await self._bus.create_topics([TopicSpec(t, 3) for t in topics.ALL if t not in owned])
         self._tail = asyncio.create_task(self._follow())
 
     async def stop(self) -> None:
@@ -302,22 +329,25 @@ class Load:
         t0 = time.monotonic()
         for i in range(n):
             sid = f"{self.scenario}-{len(self.submitted):04d}-{uuid.uuid4().hex[:6]}"
-            trace, parent = _traceparent()
-            event = task_pb2.TaskSubmitted(
-                session_id=sid, task=self._task, submitted_by="faults", seed=len(self.submitted)
-            )
-            _, data = codec.encode_event(
-                event, producer="fault-load", key=sid, trace_context={"traceparent": parent}
-            )
-            await self._bus.publish(
-                topics.TASKS, data, key=sid, headers=(("traceparent", parent.encode()),)
-            )
-            self.submitted[sid] = trace
-            self.submitted_at[sid] = time.monotonic()
+            await self.submit_session(sid, self._task, len(self.submitted))
             ids.append(sid)
             if over_s:
                 await asyncio.sleep(max(0.0, t0 + over_s * (i + 1) / n - time.monotonic()))
         return ids
+
+    async def submit_session(self, sid: str, task: task_pb2.TaskSpec, seed: int) -> None:
+        """Publish one ``TaskSubmitted`` (a trace of its own) and note it as submitted."""
+        assert self._bus is not None
+        trace, parent = _traceparent()
+        event = task_pb2.TaskSubmitted(session_id=sid, task=task, submitted_by="faults", seed=seed)
+        _, data = codec.encode_event(
+            event, producer="fault-load", key=sid, trace_context={"traceparent": parent}
+        )
+        await self._bus.publish(
+            topics.TASKS, data, key=sid, headers=(("traceparent", parent.encode()),)
+        )
+        self.submitted[sid] = trace
+        self.submitted_at[sid] = time.monotonic()
 
     async def publish_raw(self, topic: str, key: str, value: bytes) -> None:
         """Publish ``value`` as it is (poison records)."""
@@ -368,8 +398,7 @@ class Load:
         )
         await consumer.start()
         try:
-            tps = await all_partitions(self.config, topics.TRAJECTORIES)
-            tps += await all_partitions(self.config, topics.SCORED_TRAJECTORIES)
+            tps = [tp for t in self.tail_topics for tp in await all_partitions(self.config, t)]
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
             while True:
@@ -403,6 +432,18 @@ def recovery(load: Load, ids: list[str], healed_at: float) -> tuple[float, float
     """p50 and p99 of (trajectory seen - heal) over sessions submitted at the heal."""
     times = [load.completed_at[s] - healed_at for s in ids if s in load.completed_at]
     return percentile(times, 0.50), percentile(times, 0.99)
+
+
+def render_table(rows: list[dict[str, object]], columns: Sequence[tuple[str, str]]) -> str:
+    """``rows`` as a Markdown table of ``columns`` (row key, title); floats to one decimal."""
+
+    def cell(value: object) -> str:
+        return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+    head = "| " + " | ".join(title for _, title in columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(cell(r.get(k, "")) for k, _ in columns) + " |" for r in rows]
+    return "\n".join([head, rule, *body])
 
 
 def env_of(mapping: Mapping[str, object]) -> dict[str, str]:

@@ -1,6 +1,7 @@
-"""orchestrator_svc with ``PODIUM_POLICY=learned``: cold start on cpls, hot swap from
-PolicyUpdated events, a rejected version leaves the previous one serving, sampling for training
-sessions, and training tensors byte-identical to the embedded trainer's for the same session."""
+"""orchestrator_svc with ``PODIUM_POLICY=learned`` and ``PODIUM_ROLLOUT=latest``: cold start
+on cpls, hot swap from PolicyUpdated events, a rejected version leaves the previous one
+serving, sampling for training sessions, and training tensors byte-identical to the embedded
+trainer's for the same session (routing by the rollout state: test_arms.py)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,8 @@ async def learned_stack(keys: KeyPair) -> AsyncIterator[tuple[InProcBus, Orchest
             bus_url="embedded",
             group_id="lt.orchestrator",
             policy="learned",
+            # The newest loaded version serves (no rollout controller here): hot swap.
+            rollout="latest",
             policy_trusted_keys=str(keys.public_path),
             session_timeout_s=20.0,
             shutdown_timeout_s=5.0,

@@ -121,6 +121,8 @@ async def orchestrator(
             grpc_host="127.0.0.1",
             grpc_port=0,
             policy="learned",
+            # The newest loaded version serves (no rollout controller here): hot swap.
+            rollout="latest",
             policy_trusted_keys=str(KEYS.public_path),
             policy_backend=backend,
             serving_timeout_s=10.0,

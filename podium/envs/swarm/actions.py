@@ -150,7 +150,7 @@ def valid_action_mask(
             for k in SPLIT_FACTORS:
                 m[codec.start(slot, agent, k)] = state.start_error(slot, agent, k) is None
     m[codec.wait] = bool(state.running)
-    m[codec.finish] = allow_early_finish or state.all_done
+    m[codec.finish] = allow_early_finish or state.all_done or state.stalled
     return m
 
 
@@ -222,7 +222,8 @@ class ActionMasker:
             out=m[:wait],
         )
         m[wait] = running > 0
-        m[wait + 1] = self.allow_early_finish or state.all_done
+        # Stalled (a withdrawn subtask blocks the rest): FINISH is the one way left to end.
+        m[wait + 1] = self.allow_early_finish or state.all_done or state.stalled
         self._mask = m
         return m
 
@@ -239,6 +240,6 @@ class ActionMasker:
             return state.start_error(slot, agent, k)
         if kind == WAIT:
             return None if state.running else "WAIT with nothing running"
-        if self.allow_early_finish or state.all_done:
+        if self.allow_early_finish or state.all_done or state.stalled:
             return None
         return "FINISH before every subtask succeeded (allow_early_finish is off)"

@@ -20,6 +20,12 @@ Reward: −Δclock / lower bound per step (so a completed episode returns −lat
 minus ``invalid_action_penalty`` per invalid action, and at a non-completed end
 ``incomplete_penalty`` × remaining fraction (+ ``loop_penalty`` for a loop).
 
+A *true pool* (``SwarmEnv(..., true_pool=)``) makes the sub-agents behave otherwise than the
+pool spec says: outcomes are sampled from it while the observation, the action layout, the mask,
+the lower bound and the rule engines keep reading the nominal ``pool`` (sub-agents that drifted,
+:mod:`podium.envs.swarm.drift`, under a spec the planners still believe). Without one, outcomes
+come from ``pool`` as always.
+
 :meth:`SwarmEnv.clone` (and ``copy.deepcopy``) copies an episode in flight: the copy continues
 exactly as the original would (same state, same luck, same future resets) and the two never
 affect each other, which shadow twins and planners rely on.
@@ -82,6 +88,11 @@ class EnvConfig:
     :mod:`podium.envs.swarm.observation`). Policies are trained and served with it on; off,
     the columns are zero and each step is a little cheaper (speed benchmarks of the bare
     simulator)."""
+    session_seeds: bool = False
+    """Seed the simulator with ``reset``'s ``seed`` itself, as the orchestrator seeds a
+    session's sub-agents with the session seed, rather than with a draw from the environment's
+    generator: an episode reset with a live session's seed meets that session's sub-agent luck
+    (shadow twins, :mod:`podium.rollout.twins`). Off, ``reset(seed=s)`` stays a Gymnasium seed."""
 
 
 _Shared = tuple[dict[str, TaskSpec], dict[str, TaskStatic]]
@@ -104,12 +115,20 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         pool: PoolSpec | SubagentPool | None = None,
         config: EnvConfig | None = None,
         *,
+        true_pool: PoolSpec | SubagentPool | None = None,
         _shared: _Shared | None = None,
     ) -> None:
         super().__init__()
         self.config = config or EnvConfig()
         spec = default_pool() if pool is None else pool
         self.pool = spec if isinstance(spec, SubagentPool) else SubagentPool(spec)
+        self.true_pool: SubagentPool | None = (
+            true_pool
+            if true_pool is None or isinstance(true_pool, SubagentPool)
+            else SubagentPool(true_pool)
+        )
+        """The pool outcomes are sampled from when it is not ``pool`` (see the module
+        docstring); None: ``pool``."""
         self.tasks: tuple[TaskSpec, ...] = (tasks,) if isinstance(tasks, TaskSpec) else tuple(tasks)
         self._check_sizes()
         S = self.config.max_subtasks
@@ -162,6 +181,8 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         tasks: TaskSpec | Sequence[TaskSpec],
         pool: PoolSpec | SubagentPool | None = None,
         config: EnvConfig | None = None,
+        *,
+        true_pool: PoolSpec | SubagentPool | None = None,
     ) -> list[SwarmEnv]:
         """``n`` environments over the same tasks for lock-step rollouts.
 
@@ -172,9 +193,15 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         """
         if n < 1:
             raise ConfigError(f"replicas needs n >= 1, got {n}")
-        first = cls(tasks, pool, config)
+        first = cls(tasks, pool, config, true_pool=true_pool)
         rest = [
-            cls(tasks, first.pool, config, _shared=(first._by_name, first._static))
+            cls(
+                tasks,
+                first.pool,
+                config,
+                true_pool=first.true_pool,
+                _shared=(first._by_name, first._static),
+            )
             for _ in range(n - 1)
         ]
         for env in rest:  # the rule engine's caches (ranks, agent orders) too
@@ -196,6 +223,7 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
     def __deepcopy__(self, memo: dict[int, Any]) -> SwarmEnv:
         shared: list[object] = [
             self.pool,
+            self.true_pool,
             self.tasks,
             self._by_name,
             self._static,
@@ -237,11 +265,13 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         super().reset(seed=seed)
         self.task = self._choose_task((options or {}).get("task"))
         self._task_static = self._static[self.task.name]
+        session_seed = seed if self.config.session_seeds and seed is not None else None
         sim = SwarmSimulator(
             self.task,
             self.pool,
-            seed=int(self.np_random.integers(2**63 - 1)),
+            seed=int(self.np_random.integers(2**63 - 1)) if session_seed is None else session_seed,
             config=StateConfig(loop_retry_limit=self.config.loop_retry_limit),
+            outcomes=self.true_pool,
         )
         return self.use_simulator(sim), self._info()
 
@@ -290,6 +320,12 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         self._encoder.update(state, self._task_static, self._steps / self._max_steps)
         self._masker.update(state, self._task_static.can)
         state.dirty.clear()
+
+    def refresh(self) -> None:
+        """Re-encode the observation and the mask after the state changed between steps: the
+        orchestrator's review gate releases or withdraws a held subtask
+        (:meth:`~podium.envs.swarm.state.SwarmState.hold`) while no decision is being made."""
+        self._refresh()
 
     def observation(self) -> NDArray[np.float32]:
         """The current observation (what the last ``reset``/``step`` returned), read-only view."""

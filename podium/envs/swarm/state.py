@@ -134,6 +134,11 @@ class SwarmState:
     idle_waits: int = 0
     loop_reason: str = ""
     dirty: set[int] = field(default_factory=set)
+    # --- human review (the orchestrator's gate; the simulator never holds anything)
+    held: set[int] = field(default_factory=set)
+    """Slots whose start is held for a review: not runnable until released or withdrawn."""
+    withdrawn: set[int] = field(default_factory=set)
+    """Slots that will never run (their review was rejected); their dependents never either."""
 
     @classmethod
     def new(
@@ -261,6 +266,8 @@ class SwarmState:
             self.phase[slot] == WHOLE
             and self.task.subtasks[slot].splittable
             and self.unmet[slot] == 0
+            # A slot held for review (or withdrawn) has nothing runnable, so no split either.
+            and self.runnable[slot] > 0
             and self.u_status[slot] in (NEW, FAILED)
         )
 
@@ -395,6 +402,40 @@ class SwarmState:
             if self.unmet[c] == 0:
                 self.runnable[c] += 1
                 self.dirty.add(c)
+
+    def hold(self, slot: int) -> None:
+        """Hold ``slot`` out of scheduling (a START of it waits for a human review): it stops
+        being runnable until :meth:`release` or :meth:`withdraw`; nothing else changes."""
+        if self.runnable[slot] <= 0 or slot in self.held:
+            raise InvalidActionError(f"subtask {self.task.subtasks[slot].id!r} cannot be held now")
+        self.runnable[slot] -= 1
+        self.held.add(slot)
+        self.dirty.add(slot)
+
+    def release(self, slot: int) -> None:
+        """End the hold of ``slot``: it is runnable again (its review was approved)."""
+        self.held.remove(slot)
+        self.runnable[slot] += 1
+        self.dirty.add(slot)
+
+    def withdraw(self, slot: int) -> None:
+        """End the hold of ``slot`` for good: it never runs, so its dependents never become
+        runnable (its review was rejected or expired). The session ends, incomplete, once
+        nothing else can run (:attr:`stalled`)."""
+        self.held.remove(slot)
+        self.withdrawn.add(slot)
+        self.dirty.add(slot)
+
+    @property
+    def stalled(self) -> bool:
+        """Whether nothing can ever run again although not every subtask succeeded: a
+        withdrawn subtask blocks all that is left (nothing running, runnable or held)."""
+        return (
+            bool(self.withdrawn)
+            and not self.running
+            and not self.held
+            and not any(r > 0 for r in self.runnable)
+        )
 
     def note_idle_wait(self) -> None:
         """Record a wait with nothing running; past the limit that is a loop."""

@@ -275,13 +275,17 @@ def episode_trajectory(
     started_at: datetime | None = None,
     ended_at: datetime | None = None,
     baseline: trajectory_pb2.RolloutBaseline | None = None,
+    reviews: Sequence[trajectory_pb2.ReviewRecord] = (),
+    review_wait_s: float = 0.0,
 ) -> trajectory_pb2.Trajectory:
     """The current (usually finished) episode of ``env`` as a ``Trajectory``: every decision
     and every execution with its context, plus what the caller knows (see the module doc).
 
     ``trajectory_id`` defaults to a fresh uuid and ``session_id`` to it; ``truncated`` marks a
     session cut off by a decision limit, which the trajectory records as a loop (it did not
-    end by itself). Raises ConfigError when ``data`` does not hold one entry per decision.
+    end by itself). ``reviews`` and ``review_wait_s`` are the human reviews of its sensitive
+    subtasks and the wall-clock seconds they were waited for (the orchestrator's review gate).
+    Raises ConfigError when ``data`` does not hold one entry per decision.
     """
     data = data or DecisionData()
     data.check(len(env.decisions))
@@ -303,6 +307,8 @@ def episode_trajectory(
         decisions=_decision_messages(env, data, policy_version),
         executions=[execution_message(state, rec, tid, bus) for rec in state.executions],
         baseline=baseline,
+        reviews=reviews,
+        review_wait_s=review_wait_s,
     )
     if started_at is not None:
         traj.started_at.FromDatetime(started_at)

@@ -13,6 +13,11 @@ same uniforms under both, only scaled by the agent each chose. Comparing policie
 rollout baseline of the trainer, rely on it.
 Completions wait in a heap ordered by (end time, execution id); the id breaks ties so equal
 end times resolve deterministically.
+
+Outcomes may come from a *true* pool other than the one the state, the masks and the policies
+read (``outcomes``): sub-agents whose behaviour drifted (:mod:`podium.envs.swarm.drift`) while
+the spec the planners see stays nominal. The seed of an execution does not depend on either
+pool, so the same session under the nominal and the drifted pool meets the same luck.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 from podium.envs.swarm.pool import SubagentPool, mix64, sample_execution
 from podium.envs.swarm.spec import TaskSpec
 from podium.envs.swarm.state import ExecutionRecord, StateConfig, SwarmState
+from podium.errors import ConfigError, SpecError
 
 
 class SwarmSimulator:
@@ -36,8 +42,18 @@ class SwarmSimulator:
         pool: SubagentPool,
         seed: int | None = None,
         config: StateConfig | None = None,
+        outcomes: SubagentPool | None = None,
     ) -> None:
         self.pool = pool
+        self.outcomes = pool if outcomes is None else outcomes
+        """The pool executions are sampled from: ``pool`` itself unless a true pool was given
+        (see the module docstring); it must have the same agents in the same order."""
+        if self.outcomes.agent_names != pool.agent_names:
+            raise ConfigError(
+                f"true pool {self.outcomes.spec.name!r} has agents {list(self.outcomes.agent_names)}"
+                f", the nominal pool {pool.spec.name!r} has {list(pool.agent_names)}; a true pool "
+                "changes how agents behave, never which agents there are"
+            )
         self.state = SwarmState.new(task, pool, config)
         self.rng = random.Random(seed)
         self._seed_base = self.rng.getrandbits(64)
@@ -50,6 +66,7 @@ class SwarmSimulator:
         """An independent copy of the session in flight (state, pending completions, the
         random stream), sharing the read-only pool; subclasses' attributes are copied too."""
         memo.setdefault(id(self.pool), self.pool)
+        memo.setdefault(id(self.outcomes), self.outcomes)
         # The generator's state is 625 integers: set it whole rather than deep-copy each.
         rng = random.Random()
         rng.setstate(self.rng.getstate())
@@ -77,8 +94,12 @@ class SwarmSimulator:
         st = self.state
         recs = st.start(slot, agent, k)
         if recs:
-            prof = self.pool.profile(agent, st.kind_of(slot))
-            assert prof is not None  # start() checked can_do
+            prof = self.outcomes.profile(agent, st.kind_of(slot))
+            if prof is None:  # start() checked the nominal pool; the true one must agree
+                raise SpecError(
+                    f"true pool {self.outcomes.spec.name!r}: agent "
+                    f"{self.pool.agent_names[agent]!r} cannot do kind {st.kind_of(slot)!r}"
+                )
             for rec in recs:
                 seed = self.execution_seed(rec)
                 self.seeds[rec.id] = seed

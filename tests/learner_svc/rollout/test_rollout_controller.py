@@ -1,0 +1,230 @@
+"""The rollout controller end to end on a real bus (both implementations), with real twins.
+
+Versions are rule engines ("rules:cpls", "rules:sequential"): valid candidates that make
+sessions cheap. cpls beats sequential on every parallel task shape, so cpls against a
+sequential live version is a good candidate, and sequential against a cpls live version a
+sabotaged one (it serialises everything).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from rollout_helpers import (
+    K,
+    Traffic,
+    app,
+    kinds,
+    overriding,
+    pausing,
+    proposing,
+    resuming,
+    settings,
+    until,
+)
+
+from learner_svc.rollout.controller import RolloutController
+from learner_svc.rollout.evidence import load_registry
+from podium.bus import Bus, read_committed
+from podium.v1 import rollout_pb2
+
+STAGED = rollout_pb2.ROLLOUT_STAGE_STAGED
+IDLE = rollout_pb2.ROLLOUT_STAGE_IDLE
+
+
+async def drive(
+    traffic: Traffic,
+    controller: RolloutController,
+    done: Callable[[], bool],
+    *,
+    batch: int = 50,
+    max_sessions: int = 4000,
+) -> int:
+    """Publish sessions routed by the controller's current state until ``done()``; returns
+    how many were sent."""
+    sent = 0
+    while not done():
+        assert sent < max_sessions, f"not done after {sent} sessions"
+        target = controller.stats.absorbed + batch
+        await traffic.publish(controller.state, batch)
+        sent += batch
+
+        def absorbed(t: int = target) -> bool:
+            return controller.stats.absorbed >= t or done()
+
+        await until(absorbed, what="sessions absorbed")
+    return sent
+
+
+async def test_good_candidate_walks_offline_shadow_and_every_stage(
+    bus: Bus, unique: Callable[[str], str]
+) -> None:
+    s = settings(unique, cold_start="rules:sequential")
+    traffic = Traffic(bus, s)
+    a = app(s, bus)
+    await a.start()
+    try:
+        c = a.controller
+        await until(lambda: c.writer, what="the writer role")
+        await traffic.publish(c.state, 12)  # recorded live sessions for the offline check
+        await until(lambda: c.stats.absorbed >= 12)
+        await c.command("propose", proposing("rules:cpls"))
+        await drive(traffic, c, lambda: c.state.live_version == "rules:cpls")
+        walked = list(c.registry.transitions)
+    finally:
+        await a.stop()
+    assert kinds(walked) == [
+        K.TRANSITION_KIND_WRITER_CLAIMED,
+        K.TRANSITION_KIND_CANDIDATE_PROPOSED,
+        K.TRANSITION_KIND_OFFLINE_PASSED,
+        K.TRANSITION_KIND_SHADOW_PASSED,
+        K.TRANSITION_KIND_STAGE_ADVANCED,
+        K.TRANSITION_KIND_STAGE_ADVANCED,
+        K.TRANSITION_KIND_STAGE_ADVANCED,
+        K.TRANSITION_KIND_PROMOTED,
+    ]
+    assert [t.state.canary_percent for t in walked] == [0, 0, 0, 1, 5, 20, 100, 0]
+    offline, shadow = walked[2].evidence, walked[3].evidence
+    assert offline.figures["sessions"] == 10 and offline.figures["paired_mean"] > 0
+    assert shadow.figures["window"] == 20 and shadow.figures["lower_bound"] > 0
+    for t in walked[4:]:
+        assert t.evidence.figures["stage_sessions"] >= 5
+        assert {g.name for g in t.evidence.guardrails} >= {"incomplete", "latency_ratio"}
+        assert not any(g.breached for g in t.evidence.guardrails)
+    final = walked[-1].state
+    assert (final.live_version, final.previous_version, final.stage) == (
+        "rules:cpls",
+        "rules:sequential",
+        IDLE,
+    )
+    assert final.cycle == 2
+    # What the registry holds is what was walked: each transition once, seqs in order.
+    registry = load_registry(await read_committed(bus, s.topic))
+    assert [t.seq for t in registry.transitions] == [t.seq for t in walked]
+    assert registry.state is not None and registry.state.seq == final.seq
+    assert a.controller.evidence.review_queue, "canary sessions at 20% were sampled for review"
+
+
+async def test_sabotaged_candidate_stops_in_shadow(bus: Bus, unique: Callable[[str], str]) -> None:
+    # Tolerant offline check: the point is that shadow stops it (the offline check would too).
+    s = settings(unique, offline_tolerance=1e9)
+    traffic = Traffic(bus, s)
+    a = app(s, bus)
+    await a.start()
+    try:
+        c = a.controller
+        await until(lambda: c.writer, what="the writer role")
+        await c.command("propose", proposing("rules:sequential"))
+        await drive(traffic, c, lambda: c.state.stage == IDLE and c.state.seq > 2)
+        walked = list(c.registry.transitions)
+    finally:
+        await a.stop()
+    assert kinds(walked)[-3:] == [
+        K.TRANSITION_KIND_CANDIDATE_PROPOSED,
+        K.TRANSITION_KIND_OFFLINE_PASSED,
+        K.TRANSITION_KIND_SHADOW_FAILED,
+    ]
+    failed = walked[-1]
+    assert failed.evidence.figures["mean"] < 0
+    assert failed.state.live_version == "rules:cpls" and not failed.state.candidate_version
+    assert all(t.state.stage != STAGED for t in walked), "never served a user"
+
+
+async def test_guardrail_breach_rolls_back_with_its_reading(
+    bus: Bus, unique: Callable[[str], str]
+) -> None:
+    # An operator forces a serialising candidate past shadow into 20% of traffic: its
+    # latency against the baseline arm breaches, and the controller rolls back by itself.
+    s = settings(unique, stage_min_sessions=10_000)
+    traffic = Traffic(bus, s)
+    a = app(s, bus)
+    await a.start()
+    try:
+        c = a.controller
+        await until(lambda: c.writer, what="the writer role")
+        # Paused: only the operator moves it forward; a guardrail still rolls back.
+        await c.command("pause", pausing)
+        await c.command("propose", proposing("rules:sequential"))
+        for _ in range(4):  # offline -> shadow -> 1% -> 5% -> 20%
+            await c.command("promote", overriding)
+        assert (c.state.stage, c.state.canary_percent, c.state.paused) == (STAGED, 20, True)
+        sent = await drive(traffic, c, lambda: c.state.stage == IDLE, batch=20)
+        walked = list(c.registry.transitions)
+    finally:
+        await a.stop()
+    back = walked[-1]
+    assert back.kind == K.TRANSITION_KIND_ROLLED_BACK and back.actor == "controller"
+    breached = [g for g in back.evidence.guardrails if g.breached]
+    assert breached and "latency_ratio" in {g.name for g in breached}
+    reading = next(g for g in breached if g.name == "latency_ratio")
+    assert reading.canary_mean > reading.baseline_mean
+    assert reading.statistic >= reading.threshold
+    assert "latency_ratio" in back.reason
+    assert back.state.live_version == "rules:cpls" and back.state.stage == IDLE
+    assert sent <= 400, f"took {sent} sessions to roll back"
+
+
+async def test_restart_resumes_mid_stage_from_the_checkpoint(
+    bus: Bus, unique: Callable[[str], str]
+) -> None:
+    s = settings(unique, cold_start="rules:sequential", stage_min_sessions=40)
+    traffic = Traffic(bus, s)
+    first = app(s, bus, "first")
+    await first.start()
+    try:
+        c = first.controller
+        await until(lambda: c.writer, what="the writer role")
+        await c.command("pause", pausing)
+        await c.command("propose", proposing("rules:cpls"))
+        for _ in range(4):
+            await c.command("promote", overriding)
+        await c.command("resume", resuming)
+        target = c.stats.absorbed + 60
+        await traffic.publish(c.state, 60)
+        await until(lambda: c.stats.absorbed >= target)
+        before = c.status()
+        assert sum(before.arm_sessions.values()) == 60
+        assert 0 < before.evidence.figures["stage_sessions"] < 40
+    finally:
+        await first.stop()
+    second = app(s, bus, "second")
+    await second.start()
+    try:
+        c2 = second.controller
+        await until(lambda: c2.writer, what="the writer role again")
+        after = c2.status()
+        assert after.state.canary_percent == 20
+        assert after.state.writer_epoch == before.state.writer_epoch + 1
+        assert after.evidence.figures["stage_sessions"] == before.evidence.figures["stage_sessions"]
+        assert dict(after.arm_sessions) == dict(before.arm_sessions)
+        assert [(g.name, g.canary_n, g.baseline_n) for g in after.evidence.guardrails] == [
+            (g.name, g.canary_n, g.baseline_n) for g in before.evidence.guardrails
+        ]
+        assert c2.stats.absorbed == 0, "nothing counted again"
+        await drive(traffic, c2, lambda: c2.state.live_version == "rules:cpls")
+        await traffic.publish(c2.state, 20)  # after promotion: nothing more may happen
+    finally:
+        await second.stop()
+    registry = load_registry(await read_committed(bus, s.topic))
+    promoted = [t for t in registry.transitions if t.kind == K.TRANSITION_KIND_PROMOTED]
+    assert len(promoted) == 1
+    assert registry.state is not None and registry.state.live_version == "rules:cpls"
+
+
+@pytest.mark.parametrize("bad", [b"not an envelope", None])
+async def test_undecodable_input_is_skipped_and_committed(
+    inproc_bus: Bus, unique: Callable[[str], str], bad: bytes | None
+) -> None:
+    s = settings(unique)
+    a = app(s, inproc_bus)
+    await a.start()
+    try:
+        c = a.controller
+        await until(lambda: c.writer, what="the writer role")
+        await inproc_bus.publish(s.in_topic, bad or b"", key="x")
+        await until(lambda: c.stats.undecodable == 1)
+        await Traffic(inproc_bus, s).publish(c.state, 3)
+        await until(lambda: c.stats.absorbed == 3)
+    finally:
+        await a.stop()

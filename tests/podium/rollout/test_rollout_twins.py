@@ -1,0 +1,254 @@
+"""Shadow twins: a live session replayed in simulation under its seed (common random numbers).
+
+* a twin of a real session (orchestrator + sub-agent worker on the in-process bus, cpls, a
+  seed) run by the same policy reproduces its latency exactly, under drift too;
+* paired() of a policy with itself is all zeros; cpls against sequential is clearly positive;
+* a learned version loaded from its signed announcement runs as a twin and decides as the
+  orchestrator's greedy per-session path does; a tampered artifact, an untrusted or missing
+  signature, the wrong announcement are refused with the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from signing_helpers import key_pair, signed, trusted
+from svc_helpers import LOGIN_TASK
+
+from podium.bus import InProcBus
+from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool, default_tasks
+from podium.envs.swarm.drift import DriftingPool, load_drift
+from podium.envs.swarm.generator import generate_suite
+from podium.envs.swarm.simulator import SwarmSimulator
+from podium.envs.swarm.state import StateConfig
+from podium.envs.swarm.trajectory import task_to_proto
+from podium.errors import ArtifactError, ConfigError
+from podium.policy.agent import SwarmAgent
+from podium.policy.signing import (
+    NO_TRUSTED_KEYS,
+    UNSIGNED,
+    UNTRUSTED_KEY,
+    RefusedAnnouncement,
+)
+from podium.policy.swarm import LearnedPolicy, save_policy, swarm_policy_updated
+from podium.rollout.twins import (
+    TwinCase,
+    TwinEvaluator,
+    TwinPolicy,
+    learned_twin,
+    rule_twin,
+    twin_case,
+    twin_policy,
+)
+from podium.v1 import reward_pb2, trajectory_pb2
+from podium.v1 import session_service_pb2 as ss
+
+CPLS = rule_twin("rules:cpls")
+
+
+async def live_sessions(
+    stack_factory: Callable[..., Any], bus: InProcBus, runs: list[tuple[str, int]], **drift: Any
+) -> list[trajectory_pb2.Trajectory]:
+    """Run each (task text, seed) as a real session (PODIUM_POLICY=cpls, the default)."""
+    out = []
+    async with stack_factory(bus, workers=1) as stack:
+        if drift:  # the worker's true pool, exactly as PODIUM_SUBAGENT_DRIFT[_ORIGIN] build it
+            worker = stack.subagents[0]
+            worker.true_pool = DriftingPool(worker.pool, drift["schedule"], drift["origin"])
+        for text, seed in runs:
+            sid = (
+                await stack.stub.SubmitTask(
+                    ss.SubmitTaskRequest(task_spec_text=text, seed=seed), timeout=5
+                )
+            ).session_id
+            events = [
+                e
+                async for e in stack.stub.StreamSession(
+                    ss.StreamSessionRequest(session_id=sid), timeout=30
+                )
+            ]
+            handle = stack.orchestrator.session(sid)
+            assert handle is not None and handle.trajectory is not None
+            assert events[-1].result.latency == handle.trajectory.latency
+            out.append(handle.trajectory)
+    return out
+
+
+def task_texts() -> list[tuple[str, int]]:
+    diamond = (default_tasks_dir_file("diamond-10.yaml"), 9)
+    return [(LOGIN_TASK, 5), (LOGIN_TASK, 6), diamond]
+
+
+def default_tasks_dir_file(name: str) -> str:
+    from podium.envs.swarm.spec import default_tasks_dir
+
+    return (default_tasks_dir() / name).read_text()
+
+
+async def test_a_twin_of_a_live_session_reproduces_its_latency(
+    inproc_bus: InProcBus, stack_factory: Callable[..., Any]
+) -> None:
+    trajectories = await live_sessions(stack_factory, inproc_bus, task_texts())
+    cases = [twin_case(t) for t in trajectories]
+    assert all(c is not None for c in cases)
+    twins = TwinEvaluator(default_pool(), batch=2).run(CPLS, [c for c in cases if c])
+    for traj, twin in zip(trajectories, twins, strict=True):
+        assert traj.policy_version == "rules:cpls"
+        assert twin.session_id == traj.session_id
+        assert twin.latency == traj.latency  # bit for bit: same seeds, same decisions
+        assert twin.completed == traj.completed and twin.lower_bound == traj.lower_bound
+        live_return = sum(d.env_reward for d in traj.decisions)
+        assert twin.env_return == pytest.approx(live_return, rel=1e-5)
+    # Each twin meets its own session's luck: the two login sessions differ only by seed.
+    assert twins[0].latency != twins[1].latency
+
+
+async def test_a_twin_under_the_true_pool_reproduces_a_drifted_live_session(
+    inproc_bus: InProcBus, stack_factory: Callable[..., Any]
+) -> None:
+    nominal = default_pool()
+    schedule = load_drift("slow-specialist")
+    runs = [(LOGIN_TASK, 5), (default_tasks_dir_file("microservice-deployment.json"), 3)]
+    live = await live_sessions(
+        stack_factory, inproc_bus, runs, schedule=schedule, origin=time.time() - 3600
+    )
+    cases = [c for c in map(twin_case, live) if c is not None]
+    drifted = TwinEvaluator(nominal, true_pool=schedule.pool_at(nominal, 3600)).run(CPLS, cases)
+    assert [t.latency for t in drifted] == [t.latency for t in live]
+    undrifted = TwinEvaluator(nominal).run(CPLS, cases)
+    assert all(u.latency < d.latency for u, d in zip(undrifted, drifted, strict=True))
+
+
+def suite_cases(n: int, seed: int = 0) -> list[TwinCase]:
+    tasks = generate_suite(n, seed=seed, sizes=(5, 20))
+    return [TwinCase(f"s{i}", t, 1_000_003 * i + 17) for i, t in enumerate(tasks)]
+
+
+def test_paired_of_a_policy_with_itself_is_zero_and_cpls_beats_sequential() -> None:
+    evaluator = TwinEvaluator(default_pool(), batch=16)
+    cases = suite_cases(40)
+    assert evaluator.paired(CPLS, CPLS, cases) == [0.0] * len(cases)
+    diffs = np.array(evaluator.paired(CPLS, rule_twin("rules:sequential"), cases))
+    assert diffs.mean() > 0.5 and (diffs > 0).mean() > 0.9
+    # Batching changes nothing: one twin at a time gives the same returns.
+    one = TwinEvaluator(default_pool(), batch=1)
+    assert one.returns(CPLS, cases[:5]) == evaluator.returns(CPLS, cases[:5])
+
+
+def test_twin_case_refuses_what_cannot_be_twinned() -> None:
+    task = default_tasks(default_pool())[0]
+    good = trajectory_pb2.Trajectory(
+        session_id="s", task=task_to_proto(task), labels={"seed": "42"}
+    )
+    case = twin_case(good)
+    assert case == TwinCase("s", task, 42)
+    for seed in ("", "-1", "²", "1e3", " 4", str(1 << 64), "9" * 30):
+        bad = trajectory_pb2.Trajectory()
+        bad.CopyFrom(good)
+        bad.labels["seed"] = seed
+        assert twin_case(bad) is None, seed
+    no_seed = trajectory_pb2.Trajectory(session_id="s", task=task_to_proto(task))
+    assert twin_case(no_seed) is None
+    broken = trajectory_pb2.Trajectory()
+    broken.CopyFrom(good)
+    broken.task.subtasks[0].work = -1.0
+    assert twin_case(broken) is None
+
+
+def test_rule_twins_name_unknown_engines() -> None:
+    with pytest.raises(ConfigError, match="unknown policy 'clps'"):
+        rule_twin("rules:clps")
+    with pytest.raises(ConfigError, match="neither rules:<name> nor a decimal"):
+        twin_policy("latest", None, None)
+    assert twin_policy("rules:greedy", None, None) == TwinPolicy("rules:greedy", rule="greedy")
+
+
+# --------------------------------------------------------------------------- learned versions
+
+
+def publish(root: Path, version: int) -> reward_pb2.PolicyUpdated:
+    """A fresh (untrained) network published as ``version`` with its announcement."""
+    pool = default_pool()
+    env = SwarmEnv(default_tasks(pool)[:1], pool, EnvConfig(max_subtasks=32))
+    agent = SwarmAgent(env.layout, d_model=32)
+    ref = save_policy(agent.net, root, version, tuple(env.layout.agents), max_subtasks="32")
+    return swarm_policy_updated(ref)
+
+
+def orchestrator_greedy(policy: LearnedPolicy, case: TwinCase, slots: int) -> float:
+    """The latency of ``case`` decided one session at a time, as the orchestrator's learned
+    sessions decide (greedy, guarded mask), seeded with the session seed."""
+    pool = default_pool()
+    env = SwarmEnv([case.task], pool, EnvConfig(max_subtasks=slots, invalid_action="raise"))
+    env.reset(seed=0, options={"task": case.task})
+    env.use_simulator(
+        SwarmSimulator(case.task, env.pool, seed=case.seed, config=StateConfig(loop_retry_limit=4))
+    )
+    while True:
+        _, _, terminated, truncated, info = env.step(policy.act(env).action)
+        if terminated or truncated:
+            return float(info["latency"])
+
+
+def test_a_signed_learned_version_runs_as_a_twin(tmp_path: Path) -> None:
+    keys = key_pair(tmp_path / "keys")
+    event = signed(publish(tmp_path / "artifacts", 7), keys)
+    twin = twin_policy("7", event, trusted(keys))
+    assert twin.version == "7" and twin.max_subtasks == 32 and twin.net is not None
+    cases = suite_cases(12, seed=3)
+    outcomes = TwinEvaluator(default_pool(), batch=8).run(twin, cases)
+    assert len(outcomes) == len(cases) and all(np.isfinite(o.env_return) for o in outcomes)
+    # Greedy, as live traffic decides: the lock-step batch agrees with one-at-a-time decisions.
+    live_like = LearnedPolicy(twin.net, twin.agents, greedy=True)
+    for case, outcome in list(zip(cases, outcomes, strict=True))[:4]:
+        assert outcome.latency == orchestrator_greedy(live_like, case, 32)
+    # paired() against cpls works across kinds of policy, and with itself is zero.
+    evaluator = TwinEvaluator(default_pool())
+    assert evaluator.paired(twin, twin, cases[:3]) == [0.0, 0.0, 0.0]
+    assert len(evaluator.paired(twin, CPLS, cases[:3])) == 3
+    assert learned_twin("7", twin.net, 32).agents == ()
+
+
+def test_tampered_artifacts_and_bad_signatures_are_refused_with_the_reason(tmp_path: Path) -> None:
+    keys, attacker = key_pair(tmp_path / "keys"), key_pair(tmp_path / "attacker")
+    event = publish(tmp_path / "artifacts", 3)
+    with pytest.raises(RefusedAnnouncement) as unsigned:
+        twin_policy("3", event, trusted(keys))
+    assert unsigned.value.reason == UNSIGNED
+    forged = reward_pb2.PolicyUpdated()
+    forged.CopyFrom(event)
+    with pytest.raises(RefusedAnnouncement) as untrusted:
+        twin_policy("3", signed(forged, attacker), trusted(keys))
+    assert untrusted.value.reason == UNTRUSTED_KEY
+    genuine = signed(event, keys)
+    with pytest.raises(RefusedAnnouncement) as nobody:
+        twin_policy("3", genuine, None)
+    assert nobody.value.reason == NO_TRUSTED_KEYS
+    with pytest.raises(ArtifactError, match="needs its signed PolicyUpdated"):
+        twin_policy("3", None, trusted(keys))
+    with pytest.raises(ArtifactError, match="not 'swarm_policy' v4"):
+        twin_policy("4", genuine, trusted(keys))
+    # The weights change after signing: the signed hash no longer matches the file.
+    weights = Path(genuine.uri.removeprefix("file://"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256 mismatch") as tampered:
+        twin_policy("3", genuine, trusted(keys))
+    assert "tampered" in str(tampered.value)
+
+
+def test_a_version_for_another_pool_is_refused(tmp_path: Path) -> None:
+    keys = key_pair(tmp_path / "keys")
+    twin = twin_policy("7", signed(publish(tmp_path / "a", 7), keys), trusted(keys))
+    pool = default_pool()
+    renamed = replace(pool.agents[0], name="ui-wizard")
+    other = replace(pool, agents=(renamed, *pool.agents[1:]))
+    with pytest.raises(ArtifactError, match="was trained for agents"):
+        TwinEvaluator(other).run(twin, suite_cases(1))
