@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podium import topics
-from podium.config import ServiceConfig, env, positive_int
+from podium.config import ServiceConfig, env, non_negative_int, positive_int
 from podium.errors import ConfigError
 
 MODES = ("stats", "swarm", "rollout")
@@ -27,17 +27,6 @@ def learner_mode(raw: str) -> str:
     value = raw.strip().lower()
     if value not in MODES:
         raise ValueError(f"expected one of {', '.join(MODES)}")
-    return value
-
-
-def non_negative_int(raw: str) -> int:
-    """An integer >= 0."""
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ValueError("expected an integer") from None
-    if value < 0:
-        raise ValueError("expected an integer >= 0")
     return value
 
 

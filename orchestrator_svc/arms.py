@@ -25,8 +25,6 @@ sessions to the previous version at once while sessions in flight finish on thei
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -35,7 +33,8 @@ from dataclasses import replace
 from podium import codec, topics
 from podium.bus import Bus, read_committed
 from podium.bus.base import Record
-from podium.errors import BusError, DecodeError
+from podium.bus.follower import TopicFollower
+from podium.errors import DecodeError
 from podium.rollout.routing import Route, route
 from podium.v1 import rollout_pb2, trajectory_pb2
 
@@ -94,7 +93,7 @@ def effective_route(
     return replace(chosen, version=fallback, role=trajectory_pb2.ARM_ROLE_LIVE)
 
 
-class RolloutFollower:
+class RolloutFollower(TopicFollower):
     """Follows the rollout state (a :class:`~podium.service.Worker`); see the module doc."""
 
     def __init__(
@@ -109,9 +108,8 @@ class RolloutFollower:
         """``group_id``: this replica's own group (``<group>.rollout.<instance>``); ``topic``:
         the rollout topic (``PODIUM_ROLLOUT_TOPIC``); ``cold_start``: the version routed to before any state exists; ``on_state`` is called
         with each applied state (e.g. to keep the versions it names loaded)."""
-        self.bus = bus
+        super().__init__(bus, [topic], group_id)
         self.topic = topic
-        self._group_id = group_id
         self.cold_start = cold_start
         self.on_state = on_state
         self.state: rollout_pb2.RolloutState | None = None
@@ -125,14 +123,6 @@ class RolloutFollower:
         self.ignored = 0
         """States read and not applied (older seq or epoch)."""
         self._caught_up = False
-        self._subscriber = bus.subscriber([topic], group_id)
-        self._stopping = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    @property
-    def group_id(self) -> str:
-        return self._group_id
 
     def caught_up(self) -> bool:
         """Whether the topic has been read to its end as it was at :meth:`start`."""
@@ -148,8 +138,9 @@ class RolloutFollower:
         did. Records its propagation delay."""
         if not supersedes(state, self.state, self.epoch):
             self.ignored += 1
-            replay = self.state is not None and state.seq == self.state.seq
-            # A replay of the applied state (the group re-reading what start() read) is routine.
+            replay = state.writer_epoch >= self.epoch
+            # History re-read (the group reading again what start() read: compaction keeps
+            # older states until it runs) is routine; only a fenced writer's state is news.
             _log.log(
                 logging.DEBUG if replay else logging.WARNING,
                 "rollout state seq %d (epoch %d) ignored: applied seq %d, epoch %d",
@@ -188,34 +179,8 @@ class RolloutFollower:
         """Read the topic to its end (the current state), then join this replica's group."""
         self._apply_records(await read_committed(self.bus, self.topic))
         self._caught_up = True
-        await self._subscriber.start()
+        await super().start()
 
-    async def run(self) -> None:
-        """Follow until :meth:`stop`; a broker error is logged and retried, never fatal."""
-        self._idle.clear()
-        try:
-            await self._follow()
-        finally:
-            self._idle.set()
-
-    async def _follow(self) -> None:
-        delay = 0.1
-        while not self._stopping.is_set():
-            try:
-                records = await self._subscriber.fetch(timeout_s=0.2)
-                self._apply_records(records)
-                if records:
-                    # Only to spare a restarted replica the replay: start() reads all anyway.
-                    await self._subscriber.commit(records)
-                delay = 0.1
-            except BusError as exc:
-                _log.warning("%s: %s; retrying in %.1fs", self._group_id, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def stop(self, timeout_s: float = 30.0) -> None:
-        self._stopping.set()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        with contextlib.suppress(BusError):
-            await self._subscriber.stop()
+    async def handle(self, records: list[Record]) -> None:
+        # Committed only to spare a restarted replica the replay: start() reads all anyway.
+        self._apply_records(records)

@@ -17,15 +17,14 @@ state keyed by session id and stays small (no trajectory in it).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 from podium import codec, topics
 from podium.bus import Bus, read_committed
 from podium.bus.base import Record
-from podium.errors import BusError, DecodeError
+from podium.bus.follower import TopicFollower
+from podium.errors import DecodeError
 from podium.v1 import orchestrator_pb2
 
 _log = logging.getLogger(__name__)
@@ -58,7 +57,7 @@ read_topic = read_committed
 take-over read; kept under this name for the ledger's callers)."""
 
 
-class LedgerFollower:
+class LedgerFollower(TopicFollower):
     """Reads the ledger live in a group of its own and calls ``on_done`` per entry.
 
     A :class:`~podium.service.Worker`. Every replica has one (``<group>.ledger.<instance>``);
@@ -68,51 +67,12 @@ class LedgerFollower:
 
     def __init__(self, bus: Bus, group_id: str, deployment: str, on_done: OnDone) -> None:
         """``deployment`` is the ``PODIUM_GROUP_ID`` whose entries count (see :func:`parse_done`)."""
-        self.bus = bus
-        self._group_id = group_id
+        super().__init__(bus, [LEDGER], group_id)
         self.deployment = deployment
         self.on_done = on_done
-        self._subscriber = bus.subscriber([LEDGER], group_id)
-        self._stopping = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
 
-    @property
-    def group_id(self) -> str:
-        return self._group_id
-
-    async def start(self) -> None:
-        await self._subscriber.start()
-
-    async def run(self) -> None:
-        """Follow until :meth:`stop`; a broker error is logged and retried, never fatal."""
-        self._idle.clear()
-        try:
-            await self._follow()
-        finally:
-            self._idle.set()
-
-    async def _follow(self) -> None:
-        delay = 0.1
-        while not self._stopping.is_set():
-            try:
-                records = await self._subscriber.fetch(timeout_s=0.2)
-                for record in records:
-                    done = parse_done(record, self.deployment)
-                    if done is not None:
-                        await self.on_done(done)
-                if records:
-                    await self._subscriber.commit(records)
-                delay = 0.1
-            except BusError as exc:
-                # Only the follower's own position is at stake: a replay is harmless.
-                _log.warning("%s: %s; retrying in %.1fs", self._group_id, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def stop(self, timeout_s: float = 30.0) -> None:
-        self._stopping.set()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        with contextlib.suppress(BusError):
-            await self._subscriber.stop()
+    async def handle(self, records: list[Record]) -> None:
+        for record in records:
+            done = parse_done(record, self.deployment)
+            if done is not None:
+                await self.on_done(done)

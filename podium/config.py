@@ -25,6 +25,7 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import math
 import os
 import textwrap
 import types
@@ -219,6 +220,24 @@ def positive_float(raw: str) -> float:
     assert isinstance(value, float)
     if value <= 0:
         raise ValueError("expected a number > 0")
+    return value
+
+
+def non_negative_int(raw: str) -> int:
+    """An integer >= 0."""
+    value = convert(raw, int)
+    assert isinstance(value, int)
+    if value < 0:
+        raise ValueError("expected an integer >= 0")
+    return value
+
+
+def non_negative_float(raw: str) -> float:
+    """A finite number >= 0."""
+    value = convert(raw, float)
+    assert isinstance(value, float)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("expected a finite number >= 0")
     return value
 
 

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from podium import topics
-from podium.config import ServiceConfig, env, positive_int
+from podium.config import ServiceConfig, env, non_negative_int, positive_int
 from podium.service import default_instance_name
 
 SERVICE = "reward_svc"
@@ -36,17 +36,6 @@ def progress(raw: str) -> float:
         raise ValueError("expected a number") from None
     if not math.isfinite(value) or value < 0:
         raise ValueError("expected a finite number >= 0")
-    return value
-
-
-def non_negative_int(raw: str) -> int:
-    """An integer >= 0."""
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ValueError("expected an integer") from None
-    if value < 0:
-        raise ValueError("expected an integer >= 0")
     return value
 
 

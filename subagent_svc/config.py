@@ -5,15 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from podium.config import ServiceConfig, env, positive_int
-
-
-def non_negative_float(raw: str) -> float:
-    """A number >= 0."""
-    value = float(raw)
-    if not value >= 0:
-        raise ValueError("expected a number >= 0")
-    return value
+from podium.config import ServiceConfig, env, non_negative_float, positive_int
 
 
 def unix_time(raw: str) -> float:

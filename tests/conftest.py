@@ -12,7 +12,6 @@ a broken pipeline rather than an optional extra.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_helpers import as_url
+from kafka_helpers import as_url, kafka_test_config
 from svc_helpers import run_stack
 
 from podium.bus import Bus, InProcBus, KafkaBus, KafkaConfig
@@ -46,22 +45,6 @@ def kafka_bootstrap() -> str:
             pytest.fail(f"CI=true but ${KAFKA_ENV} is not set: CI must start a broker first")
         pytest.skip(f"no Kafka broker: set ${KAFKA_ENV} (see scripts/kafka.sh start)")
     return as_url(bootstrap)
-
-
-def kafka_test_config(bootstrap: str, **overrides: object) -> KafkaConfig:
-    """Kafka settings tuned for tests: fast heartbeats so rebalances settle in about a second.
-
-    ``bootstrap`` is a ``kafka://`` URL (its security settings kept) or a bare ``host:port``.
-    """
-    settings: dict[str, object] = {
-        "client_id": "podium-tests",
-        "heartbeat_interval_ms": 250,
-        "session_timeout_ms": 6000,  # the broker's group.min.session.timeout.ms default
-        "revoke_grace_s": 3.0,
-        "join_timeout_s": 30.0,
-    }
-    settings.update(overrides)
-    return dataclasses.replace(KafkaConfig.from_url(as_url(bootstrap)), **settings)  # type: ignore[arg-type]
 
 
 @pytest.fixture

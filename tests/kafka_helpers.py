@@ -90,3 +90,19 @@ def bus_env(url: str) -> dict[str, str]:
     if password := os.environ.get(SASL_PASSWORD_ENV):
         env[SASL_PASSWORD_ENV] = password
     return env
+
+
+def kafka_test_config(bootstrap: str, **overrides: object) -> KafkaConfig:
+    """Kafka settings tuned for tests: fast heartbeats so rebalances settle in about a second.
+
+    ``bootstrap`` is a ``kafka://`` URL (its security settings kept) or a bare ``host:port``.
+    """
+    settings: dict[str, object] = {
+        "client_id": "podium-tests",
+        "heartbeat_interval_ms": 250,
+        "session_timeout_ms": 6000,  # the broker's group.min.session.timeout.ms default
+        "revoke_grace_s": 3.0,
+        "join_timeout_s": 30.0,
+    }
+    settings.update(overrides)
+    return dataclasses.replace(KafkaConfig.from_url(as_url(bootstrap)), **settings)  # type: ignore[arg-type]

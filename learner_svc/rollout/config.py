@@ -12,7 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from podium import topics
-from podium.config import env, port, positive_float, positive_int
+from podium.config import (
+    env,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+)
 from podium.errors import ConfigError
 from podium.rollout import AdvantageRule, GuardrailConfig, RolloutSettings
 
@@ -22,28 +29,6 @@ _GUARD = GuardrailConfig()
 
 GROUP_PREFIX = "rollout"
 """The Kafka principal ``rollout`` may use only groups and transactional ids starting so."""
-
-
-def non_negative_float(raw: str) -> float:
-    """A number >= 0."""
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        raise ValueError("expected a number") from None
-    if value < 0 or value != value:
-        raise ValueError("expected a number >= 0")
-    return value
-
-
-def non_negative_int(raw: str) -> int:
-    """An integer >= 0."""
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ValueError("expected an integer") from None
-    if value < 0:
-        raise ValueError("expected an integer >= 0")
-    return value
 
 
 def stages(raw: str) -> tuple[int, ...]:

@@ -55,7 +55,7 @@ from learner_svc.rollout.twins import TwinRunner
 from podium import codec
 from podium.bus import Bus, InProcBus, KafkaBus, read_committed, read_tail
 from podium.bus.base import TP, PartitionTransaction, Record, TopicSpec, TransactionFencedError
-from podium.errors import BusError, DecodeError, PodiumError, RolloutConflict
+from podium.errors import BusError, ConfigError, DecodeError, PodiumError, RolloutConflict
 from podium.rollout import (
     advance,
     can_advance,
@@ -286,8 +286,23 @@ class RolloutController:
                 TopicSpec(self.settings.trajectories_topic, replication_factor=rf),
             ]
         )
+        await self._check_registry_topic()
         self._adopt(load_registry(await read_committed(self.bus, self.settings.topic)))
         await self.member.start()
+
+    async def _check_registry_topic(self) -> None:
+        """Refuse a registry topic someone else created with several partitions: its states
+        and transitions would lose their one order (replicas apply by seq, but transitions
+        and checkpoints would be read back out of order)."""
+        if not isinstance(self.bus, KafkaBus):
+            return
+        found = await self.bus.partitions(self.settings.topic, wait_s=10.0)
+        if len(found) != 1:
+            raise ConfigError(
+                f"PODIUM_ROLLOUT_TOPIC={self.settings.topic}: the rollout registry must have "
+                f"exactly one partition (it has {len(found)}); delete it and let the controller "
+                "create it (compacted, one partition)"
+            )
 
     async def run(self) -> None:
         """The writer loop, until :meth:`stop`."""
@@ -713,11 +728,13 @@ class RolloutController:
                 summary=f"offline check failed: the candidate did not run: {exc}"
             )
             ev.figures["candidate_ran"] = 0.0
-            return offline_checked(state, False, ev, now)
+            return offline_checked(state, False, ev, self.clock())
         passed, ev = offline_evidence(
             [d for d in out if d is not None], n, self.rules.offline_tolerance
         )
-        return offline_checked(state, passed, ev, now)
+        # Stamped when decided, not when the check began: the twins take seconds, and the
+        # replicas' propagation delay is measured from changed_at.
+        return offline_checked(state, passed, ev, self.clock())
 
     # -- status --------------------------------------------------------------------------------
 

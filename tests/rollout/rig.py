@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,9 +60,6 @@ from podium_app.kafka_broker import PASSWORD_ENV
 
 STAGED = rollout_pb2.ROLLOUT_STAGE_STAGED
 IDLE = rollout_pb2.ROLLOUT_STAGE_IDLE
-SHADOW = rollout_pb2.ROLLOUT_STAGE_SHADOW
-K = rollout_pb2.TransitionKind
-"""Transition kinds by name (``K.Value("TRANSITION_KIND_PROMOTED")``; see :func:`kind`)."""
 
 
 def kind(name: str) -> int:
@@ -505,7 +502,3 @@ class Rig:
     def admin_url(self) -> str:
         """The harness's ``kafka://`` URL (admin; the password in the environment)."""
         return self.cluster.broker.client_url("admin")
-
-
-async def gather_all(*aws: Awaitable[Any]) -> Sequence[Any]:
-    return await asyncio.gather(*aws)

@@ -39,7 +39,7 @@ def settings(unique: Callable[[str], str], **overrides: Any) -> ControllerSettin
         "offline_sessions": 10,
         "cycle_s": 1e9,
         "tick_s": 0.05,
-        "review_sample_bp": 5000,
+        "review_sample_bp": 10000,  # every canary session at 20%: the test is deterministic
         "group_id": f"rollout.{unique('group')}",
         "topic": unique("rollout"),
         "in_topic": unique("scored"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from kafka_helpers import kafka_test_config
 from rollout_helpers import (
     K,
     Traffic,
@@ -26,7 +27,9 @@ from rollout_helpers import (
 
 from learner_svc.rollout.controller import RolloutController
 from learner_svc.rollout.evidence import load_registry
-from podium.bus import Bus, read_committed
+from podium.bus import Bus, KafkaBus, read_committed
+from podium.bus.base import TopicSpec
+from podium.errors import ConfigError
 from podium.v1 import rollout_pb2
 
 STAGED = rollout_pb2.ROLLOUT_STAGE_STAGED
@@ -228,3 +231,22 @@ async def test_undecodable_input_is_skipped_and_committed(
         await until(lambda: c.stats.absorbed == 3)
     finally:
         await a.stop()
+
+
+@pytest.mark.kafka
+async def test_a_registry_topic_with_several_partitions_is_refused(
+    kafka_bootstrap: str, unique: Callable[[str], str]
+) -> None:
+    """Made by someone else with three partitions, the registry would lose its one order:
+    the controller refuses to start, naming the setting and the remedy."""
+    s = settings(unique)
+    kafka = KafkaBus(kafka_test_config(kafka_bootstrap))
+    await kafka.start()
+    try:
+        await kafka.create_topics([TopicSpec(s.topic, 3)])
+        a = app(s, kafka)
+        with pytest.raises(ConfigError, match=r"exactly one partition \(it has 3\)"):
+            await a.start()
+        await a.stop()
+    finally:
+        await kafka.stop()

@@ -16,8 +16,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
-from conftest import kafka_test_config
-from kafka_helpers import kafka_url
+from kafka_helpers import kafka_test_config, kafka_url
 from rollout_helpers import K, Traffic, app, settings, until
 
 from learner_svc.rollout.config import ControllerSettings

@@ -24,7 +24,7 @@ from podium.rollout import (
     Verdict,
     msprt_log_lr,
 )
-from podium.rollout.stats import scaled_log_lr
+from podium.rollout.stats import DECISION_MS_FLOOR, scaled_log_lr
 from podium.v1 import rollout_pb2, trajectory_pb2
 
 CANARY = trajectory_pb2.ARM_ROLE_CANARY
@@ -364,6 +364,20 @@ def test_relative_margin_scales_with_the_baseline() -> None:
     assert [r.name for r in monitor.breached()] == ["latency_ratio"]
     # An absolute margin of the same number means something else entirely.
     assert Guardrail("x", 0.05, relative=False).margin_abs(2.0) == 0.05
+
+
+def test_decision_latency_floor_lets_a_network_follow_a_rule_engine() -> None:
+    """A learned canary (about 6 ms p99) against a rule-engine baseline (0.3 ms): 20 times
+    slower, inside the 50 ms floor, no breach; a canary 80 ms slower breaches."""
+    (g,) = [g for g in DEFAULT_GUARDRAILS if g.name == "decision_ms_p99"]
+    assert g.margin_abs(0.3) == DECISION_MS_FLOOR and g.margin_abs(400.0) == 200.0
+    rng = random.Random(3)
+    for canary_ms, breach in ((6.0, False), (80.0, True)):
+        monitor = GuardrailMonitor([g], GuardrailConfig(min_sessions=5))
+        for _ in range(400):
+            monitor.add(BASELINE, {"decision_ms_p99": 0.3 + abs(rng.gauss(0, 0.05))})
+            monitor.add(CANARY, {"decision_ms_p99": canary_ms + abs(rng.gauss(0, 1.0))})
+        assert bool(monitor.breached()) is breach, canary_ms
 
 
 def test_better_canary_never_breaches() -> None:

@@ -19,7 +19,9 @@ Scenarios (each a row of the table printed at the end):
   resumes from the registry and finishes the walk without taking any step twice;
 * ``traffic_shares``: shares within 1.5 points of their targets over 10,000 session ids routed
   by two followers of the broker's state; real sessions on two replicas, every arm what the
-  routing says; the propagation delay of state changes to every replica.
+  routing says; the propagation delay of state changes to every replica;
+* ``review_gate_across_processes``: approve, reject and the deadline through two replicas'
+  ReviewService over TLS, the wrong role and no token refused.
 
 Across all of them (the fault suite's audit): no session lost or run twice, every trajectory
 scored once and recording its arm, the arm being what routing gives under its state.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -197,6 +200,11 @@ async def test_good_candidate_walks(
         and html.exists()
     )
     shadow = next((t for t in walk if t.kind == rollout_pb2.TRANSITION_KIND_SHADOW_PASSED), None)
+    delays, missing = replica_propagation(
+        {n: rig.cluster.services.tail(n, 10**8) for n in ("orch-1", "orch-2")},
+        out.rollout.states,
+        since,
+    )
     record(
         rollout_table,
         "good_candidate_walks",
@@ -206,6 +214,9 @@ async def test_good_candidate_walks(
         walk_s=walk_s,
         shadow_sessions=shadow.evidence.figures.get("sessions", -1.0) if shadow else -1.0,
         canary_sessions=out.arms.by_arm.get("canary:3", 0),
+        changes=len(delays),
+        propagation_p50_ms=percentile(delays, 0.5),
+        propagation_p99_ms=percentile(delays, 0.99),
     )
     assert names(walk) == WALK, f"walk of {rollout_id}: {names(walk)}\n{rig.logs()}"
     assert (promoted.state.live_version, promoted.state.previous_version) == ("3", "2")
@@ -226,13 +237,7 @@ async def test_good_candidate_walks(
     assert_sessions_clean(out, rig)
     assert status.returncode == 0 and "3" in status.stdout, status.stderr + status.stdout
     assert_report(report, html, walk)
-    delays, missing = replica_propagation(
-        {n: rig.cluster.services.tail(n, 10**8) for n in ("orch-1", "orch-2")},
-        out.rollout.states,
-        since,
-    )
     assert delays and missing == 0, (delays, missing)
-    print(f"replica propagation p50 {percentile(delays, 0.5):.0f} ms, max {max(delays):.0f} ms")
 
 
 def assert_evidence(walk: list[rollout_pb2.RolloutTransition]) -> None:
@@ -372,7 +377,7 @@ async def test_drift_rolls_back(rig: Rig, rollout_table: Callable[..., None]) ->
     await asyncio.sleep(2.0)
     late = await rig.load.submit_ids(session_ids("after", 40))
     await driver.stop()
-    await rig.load.wait_done(timeout_s=90)
+    await rig.load.wait_done(timeout_s=max(90.0, REAL_SESSIONS / 10))
     out = await finish(rig)
 
     in_flight = [
@@ -395,6 +400,7 @@ async def test_drift_rolls_back(rig: Rig, rollout_table: Callable[..., None]) ->
         pre_drift_canary=pre,
         in_flight_finished=len(in_flight),
         reason=back.reason[:60],
+        decide_p99_ms=decide_readings([back]),
     )
     assert back.actor == "controller" and "guardrail" in back.reason, back
     assert any(g.breached for g in back.evidence.guardrails), back.evidence
@@ -473,6 +479,7 @@ async def test_controller_kill9_mid_stage(rig: Rig, rollout_table: Callable[...,
         killed_with_stage_sessions=killed_at.stage_sessions,
         resumed_with=first.stage_sessions if first else -1,
         epochs="/".join(map(str, out.walk.epochs)),
+        decide_p99_ms=decide_readings(walk),
     )
     assert not out.walk.repeated_steps, out.walk
     assert out.walk.seq_not_increasing == 0, out.walk
@@ -482,6 +489,16 @@ async def test_controller_kill9_mid_stage(rig: Rig, rollout_table: Callable[...,
     if first.seq == killed_at.seq:  # still mid-stage: it resumed the stage's count
         assert first.stage_sessions >= killed_at.stage_sessions, (killed_at, first)
     assert_sessions_clean(out, rig)
+
+
+def decide_readings(walk: list[rollout_pb2.RolloutTransition]) -> str:
+    """``canary/baseline`` means of the decision-latency guardrail at the last stage read (a
+    learned canary against the rule engine's baseline: what that guardrail compares)."""
+    for t in reversed(walk):
+        for g in t.evidence.guardrails:
+            if g.name == "decision_ms_p99" and g.canary_n and g.baseline_n:
+                return f"{g.canary_mean:.2f}/{g.baseline_mean:.2f}"
+    return "-"
 
 
 async def wait_checkpoint(rig: Rig, stage_sessions: int) -> None:
@@ -499,7 +516,10 @@ async def wait_checkpoint(rig: Rig, stage_sessions: int) -> None:
 
 SHARE_IDS = 10_000
 SHARE_TOLERANCE = 0.015
-REAL_SESSIONS = 300
+REAL_SESSIONS = int(os.environ.get("PODIUM_ROLLOUT_SUITE_REAL_SESSIONS", "300"))
+"""Real sessions run through both replicas in the share scenario: 300 in CI (about 10 s);
+``PODIUM_ROLLOUT_SUITE_REAL_SESSIONS=10000`` measures the shares of 10,000 real sessions
+(several minutes), held then to the same ±1.5 points as the routed ids."""
 
 
 async def test_traffic_shares(rig: Rig, rollout_table: Callable[..., None]) -> None:
@@ -521,12 +541,14 @@ async def test_traffic_shares(rig: Rig, rollout_table: Callable[..., None]) -> N
     target = target_shares(state)
     worst = max(abs(observed.get(r, 0.0) - share) for r, share in target.items())
     # Real sessions on both replicas (random ids), and state changes while they run.
-    real_load = asyncio.create_task(submit_spread(rig, REAL_SESSIONS, over_s=8.0))
+    real_load = asyncio.create_task(
+        submit_spread(rig, REAL_SESSIONS, over_s=max(8.0, REAL_SESSIONS / 40))
+    )
     for i in range(6):  # six state changes (resume, pause, ...) under load
         await asyncio.sleep(1.0)
         await rig.command("Pause" if i % 2 else "Resume", f"suite: toggle {i}")
     await real_load
-    await rig.load.wait_done(timeout_s=90)
+    await rig.load.wait_done(timeout_s=max(90.0, REAL_SESSIONS / 10))
     follower_ms = [ms for f, _ in followers for ms in f.propagation_ms[1:]]
     for f, bus in followers:
         await f.stop()
@@ -559,7 +581,9 @@ async def test_traffic_shares(rig: Rig, rollout_table: Callable[..., None]) -> N
     )
     assert disagree == 0, f"{disagree} of {SHARE_IDS} ids routed differently"
     assert worst <= SHARE_TOLERANCE, f"shares {observed} vs targets {target}"
-    assert real_worst <= 0.08, f"real sessions' shares {real_shares} vs {target}"
+    # Sampling error of a share p over n sessions is sqrt(p(1-p)/n): 2.3 points at n = 300.
+    real_bound = SHARE_TOLERANCE if len(real) >= SHARE_IDS else 0.08
+    assert real_worst <= real_bound, f"real sessions' shares {real_shares} vs {target}"
     assert delays and missing == 0, (delays, missing)
     assert_sessions_clean(out, rig)
 
