@@ -522,6 +522,7 @@ REAL_SESSIONS = int(os.environ.get("PODIUM_ROLLOUT_SUITE_REAL_SESSIONS", "300"))
 (several minutes), held then to the same ±1.5 points as the routed ids."""
 
 
+@pytest.mark.timeout(400 + REAL_SESSIONS // 10)
 async def test_traffic_shares(rig: Rig, rollout_table: Callable[..., None]) -> None:
     """A canary at 20% (held there, guardrails off: not this scenario's subject)."""
     t0 = time.monotonic()
