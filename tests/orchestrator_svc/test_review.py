@@ -5,6 +5,11 @@ subtask runs), reject (it fails cleanly, its dependents never run, the session e
 deadline (expired: rejected by default); the wrong role is PERMISSION_DENIED, no token
 UNAUTHENTICATED, a plugin reading another plugin's session PERMISSION_DENIED; any replica lists
 and decides what any replica holds (two orchestrators on one bus).
+
+The single-replica cases run on the in-process bus (the gate's logic and the gRPC edge are
+the same on both); the replicas case runs on both buses, and the rollout suite
+(tests/rollout, scenario review_gate_across_processes) repeats approve, reject, deadline,
+wrong role and no token between service processes on a secured Kafka broker.
 """
 
 from __future__ import annotations
@@ -196,9 +201,9 @@ async def _code(call: object) -> grpc.StatusCode:
 
 
 async def test_approve_runs_the_subtask(
-    bus: Bus, tmp_path: Path, tls: GrpcTls, unique: Callable[[str], str]
+    inproc_bus: Bus, tmp_path: Path, tls: GrpcTls, unique: Callable[[str], str]
 ) -> None:
-    async with cluster(bus, tmp_path, tls, unique) as c:
+    async with cluster(inproc_bus, tmp_path, tls, unique) as c:
         plugin, reviewer = c.sessions(ALICE), c.reviews(BOB)
         sid = await _submit(plugin)
         pending = await _pending(reviewer, sid)
@@ -244,9 +249,9 @@ async def test_approve_runs_the_subtask(
 
 
 async def test_reject_fails_cleanly(
-    bus: Bus, tmp_path: Path, tls: GrpcTls, unique: Callable[[str], str]
+    inproc_bus: Bus, tmp_path: Path, tls: GrpcTls, unique: Callable[[str], str]
 ) -> None:
-    async with cluster(bus, tmp_path, tls, unique) as c:
+    async with cluster(inproc_bus, tmp_path, tls, unique) as c:
         plugin, reviewer = c.sessions(ALICE), c.reviews(BOB)
         sid = await _submit(plugin)
         pending = await _pending(reviewer, sid)
@@ -278,9 +283,9 @@ async def test_reject_fails_cleanly(
 
 
 async def test_deadline_expires_as_reject(
-    bus: Bus, tmp_path: Path, tls: GrpcTls, unique: Callable[[str], str]
+    inproc_bus: Bus, tmp_path: Path, tls: GrpcTls, unique: Callable[[str], str]
 ) -> None:
-    async with cluster(bus, tmp_path, tls, unique, deadline_s=1.5) as c:
+    async with cluster(inproc_bus, tmp_path, tls, unique, deadline_s=1.5) as c:
         plugin, reviewer = c.sessions(ALICE), c.reviews(BOB)
         sid = await _submit(plugin)
         pending = await _pending(reviewer, sid)
@@ -301,9 +306,9 @@ async def test_deadline_expires_as_reject(
 
 
 async def test_roles_and_tokens(
-    bus: Bus, tmp_path: Path, tls: GrpcTls, unique: Callable[[str], str]
+    inproc_bus: Bus, tmp_path: Path, tls: GrpcTls, unique: Callable[[str], str]
 ) -> None:
-    async with cluster(bus, tmp_path, tls, unique) as c:
+    async with cluster(inproc_bus, tmp_path, tls, unique) as c:
         sid = await _submit(c.sessions(ALICE))
         request = review_pb2.ListPendingRequest(session_id=sid)
         denied, unauth = grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED

@@ -62,7 +62,9 @@ async def subagents(bus: InProcBus, time_scale: float = 0.0) -> AsyncIterator[Su
         await app.stop()
 
 
-def request(client_request_id: str = "", seed: int = 0) -> ss.SubmitTaskRequest:
+def request(client_request_id: str = "", seed: int = 4) -> ss.SubmitTaskRequest:
+    # A fixed seed: with 0 (a random one) cpls now and then meets a run of sub-agent failures
+    # and the session ends FAILED by loop detection, which tests expecting success misread.
     return ss.SubmitTaskRequest(
         task_spec_text=LOGIN_TASK, client_request_id=client_request_id, seed=seed
     )
