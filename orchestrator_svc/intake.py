@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from orchestrator_svc.ledger import LEDGER, parse_done, read_topic
+from orchestrator_svc.ledger import LEDGER, parse_done
 from podium import codec, topics
-from podium.bus import Bus
+from podium.bus import Bus, read_committed
 from podium.bus.base import TP, Headers, Record, TransactionFencedError
 from podium.bus.consumer import consume_span, dead_letter_headers, encode_record
 from podium.errors import BusError, DecodeError, PodiumError
@@ -234,7 +234,7 @@ class TaskIntake:
         delay = 0.1
         while True:
             try:
-                records = await read_topic(self.bus, LEDGER)
+                records = await read_committed(self.bus, LEDGER)
                 break
             except BusError as exc:
                 _log.warning("%s: reading the ledger: %s; retrying", self._group_id, exc)

@@ -4,7 +4,7 @@ Written by the owner of a session's tasks partition in the same transaction as t
 Trajectory and the offset commit of its TaskSubmitted (:mod:`orchestrator_svc.intake`), so the
 ledger says "done" exactly when the trajectory exists. It is read twice:
 
-* whole, on partition take-over (:func:`read_topic`): which sessions of the new partitions
+* whole, on partition take-over (:func:`podium.bus.read_committed`): which sessions of the new partitions
   already ended, so a redelivered TaskSubmitted of a finished session is skipped;
 * followed live by every replica (:class:`LedgerFollower`, a group of its own per replica,
   starting at the end): a replica that accepted a SubmitTask but does not own the session's
@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from podium import codec, topics
-from podium.bus import Bus, read_committed
+from podium.bus import Bus
 from podium.bus.base import Record
 from podium.bus.follower import TopicFollower
 from podium.errors import DecodeError
@@ -52,17 +52,12 @@ def parse_done(record: Record, group_id: str) -> orchestrator_pb2.SessionDone | 
     return done
 
 
-read_topic = read_committed
-"""Every committed record of a topic now: :func:`podium.bus.read_committed` (the ledger's
-take-over read; kept under this name for the ledger's callers)."""
-
-
 class LedgerFollower(TopicFollower):
     """Reads the ledger live in a group of its own and calls ``on_done`` per entry.
 
     A :class:`~podium.service.Worker`. Every replica has one (``<group>.ledger.<instance>``);
     on Kafka the app positions the group at the end before starting, so history is not
-    replayed (what a replica needs of history it reads on take-over with :func:`read_topic`).
+    replayed (what a replica needs of history it reads on take-over with :func:`podium.bus.read_committed`).
     """
 
     def __init__(self, bus: Bus, group_id: str, deployment: str, on_done: OnDone) -> None:

@@ -19,9 +19,9 @@ from svc_helpers import LOGIN_TASK
 from orchestrator_svc import OrchestratorApp, OrchestratorConfig
 from orchestrator_svc.app import session_id_for
 from orchestrator_svc.fit import TRIMMED_LABEL
-from orchestrator_svc.ledger import LEDGER, read_topic
+from orchestrator_svc.ledger import LEDGER
 from podium import codec, topics
-from podium.bus import InProcBus
+from podium.bus import InProcBus, read_committed
 from podium.errors import AdmissionError, BusError
 from podium.v1 import orchestrator_pb2, trajectory_pb2
 from podium.v1 import session_service_pb2 as ss
@@ -74,13 +74,13 @@ async def trajectories(bus: InProcBus) -> collections.Counter[str]:
     """Trajectories on the topic, counted per session."""
     return collections.Counter(
         codec.decode_event(r.value, trajectory_pb2.Trajectory)[1].session_id
-        for r in await read_topic(bus, topics.TRAJECTORIES)
+        for r in await read_committed(bus, topics.TRAJECTORIES)
     )
 
 
 async def ledger(bus: InProcBus) -> list[orchestrator_pb2.SessionDone]:
     out = []
-    for r in await read_topic(bus, LEDGER):
+    for r in await read_committed(bus, LEDGER):
         _, done = codec.decode_event(r.value, orchestrator_pb2.SessionDone)
         out.append(done)
     return out
@@ -251,7 +251,7 @@ async def test_oversized_trajectory_is_trimmed_and_the_session_still_ends(
         finally:
             await app.stop()
     assert result.state == ss.SESSION_STATE_SUCCEEDED
-    (record,) = await read_topic(inproc_bus, topics.TRAJECTORIES)
+    (record,) = await read_committed(inproc_bus, topics.TRAJECTORIES)
     assert len(record.value or b"") <= limit
     traj = codec.decode_event(record.value, trajectory_pb2.Trajectory)[1]
     assert traj.session_id == sid and traj.completed
