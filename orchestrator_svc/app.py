@@ -23,6 +23,9 @@ Workers on a :class:`~podium.service.ServiceShell` and one gRPC server, built fr
 * ``<group>.rollout.<instance>`` (learned policy, ``PODIUM_ROLLOUT=controlled``): the rollout
   state, read whole before intake opens and followed live; each session runs the version its
   arm names, chosen when it starts (:mod:`orchestrator_svc.arms`).
+* ``<group>.stats.<instance>`` (``PODIUM_AGENT_STATS=on``) on ``Trajectory``: every session of
+  every replica recorded into this replica's statistics store (:mod:`podium.observed`), which
+  each new session's environment reads (estimates of the agents; ``cpls-online``).
 
 ``client_request_id`` is an idempotency key: the session id is its uuid5, so a retry on any
 replica after any restart names the same session, and its owner runs it once.
@@ -68,6 +71,8 @@ from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, default_pool, load_pool, parse_task
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.errors import AdmissionError, ConfigError, ProcessingError, SpecError
+from podium.observed import AgentStats
+from podium.observed.follower import StatsFollower
 from podium.rollout.routing import Route, bucket
 from podium.service import ServiceShell, default_instance_name
 from podium.serving.endpoint import parse_backend
@@ -163,6 +168,16 @@ class OrchestratorApp:
         self.instance = config.instance or default_instance_name(SERVICE)
         self.pool_spec = _pool_spec(config, pool)
         self.pool = SubagentPool(self.pool_spec)
+        self.stats = (
+            AgentStats(
+                half_life=config.agent_stats_half_life,
+                prior_weight=config.agent_stats_prior_weight,
+            )
+            if config.agent_stats
+            else None
+        )
+        """What the sub-agents did in recent sessions (``PODIUM_AGENT_STATS``), fed by
+        :attr:`stats_follower` and read by every session's environment; None when off."""
         self.learned: LearnedPolicySource | None = None
         """The learned policy's versions (``PODIUM_POLICY=learned``), else None."""
         self.policy = self._scheduling_policy(policy)
@@ -243,20 +258,41 @@ class OrchestratorApp:
     def _own_groups(self) -> dict[str, list[str]]:
         """This replica's own groups (every replica reads all of these topics), by topic."""
         group, me = self.config.group_id, self.instance
-        return {
+        own = {
             f"{group}.results.{me}": [topics.SUBTASK_RESULTS],
             f"{group}.scores.{me}": [topics.SCORED_TRAJECTORIES],
             f"{group}.ledger.{me}": [LEDGER],
         }
+        if self.stats is not None:
+            own[self._stats_group] = [topics.TRAJECTORIES]
+        return own
+
+    @property
+    def _stats_group(self) -> str:
+        return f"{self.config.group_id}.stats.{self.instance}"
 
     def _add_consumers(self) -> None:
         """The consumers, in start order: results, scores and the ledger before intake, so
         that the first session's results already have a consumer when its subtasks go out."""
         group = self.config.group_id
-        results, scores, ledger = self._own_groups()
+        results, scores, ledger, *_ = self._own_groups()
         self.results_consumer = self._consumer(topics.SUBTASK_RESULTS, results, self._on_result)
         self.scores_consumer = self._consumer(topics.SCORED_TRAJECTORIES, scores, self._on_score)
         self.ledger = self.shell.add(LedgerFollower(self.bus, ledger, group, self._on_ledger))
+        # The store's merge work is this pool's split overhead (trajectories do not carry it).
+        self.stats_follower = (
+            self.shell.add(
+                StatsFollower(
+                    self.bus,
+                    self._stats_group,
+                    self.stats,
+                    split_overhead=self.pool_spec.split_overhead,
+                )
+            )
+            if self.stats is not None
+            else None
+        )
+        """Feeds :attr:`stats` from the trajectory topic (``PODIUM_AGENT_STATS=on``)."""
         # Before the policy consumer (the versions the state names are kept as they load) and
         # before intake: start() returns caught up, so the first session routes right.
         self.rollout = (
@@ -544,6 +580,7 @@ class OrchestratorApp:
             on_event=self.on_event,
             route=route,
             review=self.review,
+            stats=self.stats,
         )
         self.running[sid] = session
         task_ = asyncio.create_task(self._run(session, record), name=f"session {sid}")

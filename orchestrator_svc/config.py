@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from podium import topics
@@ -85,8 +86,8 @@ class OrchestratorConfig(ServiceConfig):
     """Pool spec file (JSON/YAML) the scheduler plans for; empty = the shipped default.
     Must be the same pool subagent_svc simulates."""
     policy: str = env("PODIUM_POLICY", default="cpls")
-    """Scheduling policy: a rule engine of the swarm environment (cpls, greedy, sequential), or
-    ``learned``: the versions announced on the policy-updates topic, served as
+    """Scheduling policy: a rule engine of the swarm environment (cpls, cpls-online, greedy,
+    sequential), or ``learned``: the versions announced on the policy-updates topic, served as
     ``PODIUM_ROLLOUT`` says (cpls until a rollout state names a learned version)."""
     rollout: str = env("PODIUM_ROLLOUT", default=CONTROLLED, parse=rollout_mode)
     """Learned policy: which version runs a session. ``controlled``: the rollout state on
@@ -155,6 +156,23 @@ class OrchestratorConfig(ServiceConfig):
     before, in development and training drivers without tokens)."""
     review_deadline_s: float = env("PODIUM_REVIEW_DEADLINE_S", default=3600.0, parse=positive_float)
     """Seconds a held sensitive subtask waits for a decision; then it expires (rejected)."""
+    agent_stats: bool = env("PODIUM_AGENT_STATS", default=True)
+    """Keep a statistics store of what the sub-agents did (:class:`podium.observed.AgentStats`),
+    fed by every session of every replica from the trajectory topic (a group of this replica's
+    own, ``<id>.stats.<instance>``, read from its end at start-up: a restarted replica starts
+    from the advertised profiles). Every session's environment reads it: the observation's
+    estimate columns and ``PODIUM_POLICY=cpls-online``. ``off``: estimates are the pool
+    spec's advertised profiles (cpls-online is then plain cpls)."""
+    agent_stats_half_life: float = env(
+        "PODIUM_AGENT_STATS_HALF_LIFE", default=200.0, parse=positive_float
+    )
+    """Statistics store: executions of one (agent, kind) after which an observation weighs
+    half as much; after a drift the estimates move most of the way within two half-lives."""
+    agent_stats_prior_weight: float = env(
+        "PODIUM_AGENT_STATS_PRIOR_WEIGHT", default=5.0, parse=positive_float
+    )
+    """Statistics store: how many executions an agent's advertised profile is worth against
+    what is observed of it (its confidence is observed / (observed + this))."""
 
     @property
     def review_on(self) -> bool:
@@ -179,6 +197,12 @@ class OrchestratorConfig(ServiceConfig):
         # Also for configs built in code, which skip the variables' parse functions.
         if self.review not in (REVIEW_AUTO, REVIEW_ON, REVIEW_OFF):
             raise ConfigError(f"PODIUM_REVIEW={self.review!r}: expected auto, on or off")
+        for name, value in (
+            ("PODIUM_AGENT_STATS_HALF_LIFE", self.agent_stats_half_life),
+            ("PODIUM_AGENT_STATS_PRIOR_WEIGHT", self.agent_stats_prior_weight),
+        ):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name}={value!r}: expected a finite number > 0")
         if self.rollout not in ROLLOUT_MODES:
             raise ConfigError(
                 f"PODIUM_ROLLOUT={self.rollout!r}: expected one of {', '.join(ROLLOUT_MODES)}"

@@ -19,6 +19,10 @@ It hands each *session* a policy for the version its arm names
 Without a version (``PODIUM_ROLLOUT=latest``: training drivers, demos) a session gets the
 newest loaded version, cpls before any.
 
+A version decides on the session's pool whatever it is: the network reads agents by their
+features (:mod:`podium.policy.network`), so a version trained on another pool, or before agents
+were added or renamed, loads and serves (its training pool is logged, never checked).
+
 Training sessions (``TaskSubmitted.submitted_by`` starting with one of the configured
 prefixes, ``trainer`` by default) *sample* from the policy, so PPO sees the exploration its
 log-probabilities describe; every other session (live gRPC traffic, evaluation) takes the
@@ -62,6 +66,7 @@ from numpy.typing import NDArray
 
 from orchestrator_svc.policy import TrainingRecord
 from podium.envs.swarm import EnvConfig, PolicyStep, Rng, SchedulingPolicy, SwarmEnv, baselines
+from podium.envs.swarm.observation import ObservationLayout
 from podium.envs.swarm.trajectory import ACTIONS_LABEL, ARGMAX, SAMPLED
 from podium.errors import ArtifactError, ProcessingError
 from podium.policy.agent import ActResult, SwarmAgent, guard_mask
@@ -94,12 +99,12 @@ running-table features are scaled by it, so sessions must use the same S)."""
 
 @dataclass(frozen=True, slots=True)
 class SwarmPolicy:
-    """One loaded version: the network, its pool's agents and its environment layout."""
+    """One loaded version: the network, the pool it was trained on and its slot count."""
 
     net: SwarmPolicyNet
     """The network (eval mode; never mutated after loading)."""
     agents: tuple[str, ...]
-    """Agent names of the pool it was trained for, in action order."""
+    """Agent names of the pool it was trained on (for logs and reports; it runs on any)."""
     max_subtasks: int
     """Slot count S of the environment it was trained with."""
 
@@ -126,14 +131,9 @@ class SessionLearnedPolicy:
         )
 
     def _bind(self, env: SwarmEnv) -> SwarmAgent:
+        """The version's network bound to the session's layout (its pool, whatever it is)."""
         if self._agent is None:
-            policy = self.served.policy
-            if tuple(env.layout.agents) != policy.agents:
-                raise ArtifactError(
-                    f"policy v{self.served.version} was trained for agents {list(policy.agents)}, "
-                    f"the pool has {list(env.layout.agents)}"
-                )
-            self._agent = SwarmAgent(env.layout, net=policy.net)
+            self._agent = SwarmAgent(env.layout, net=self.served.policy.net)
             self._recorder = EpisodeRecorder(env.layout, env.codec, len(env.task.subtasks))
         return self._agent
 
@@ -235,8 +235,7 @@ class SessionServedPolicy(SessionLearnedPolicy):
         self, agent: SwarmAgent, obs: NDArray[np.float32], mask: NDArray[np.bool_], n: int
     ) -> PolicyInputs:
         # Exactly the tensors local torch would get (SwarmAgent.inputs), as numpy arrays.
-        features, present, globals_, trimmed = (t.numpy() for t in agent.inputs(obs, mask, n))
-        return PolicyInputs(features, present, globals_, trimmed)
+        return agent.policy_inputs(obs, mask, n)
 
     def _choose(self, agent: SwarmAgent, out: PolicyOutputs, n: int) -> ActResult:
         if not is_version_number(out.version):
@@ -296,6 +295,7 @@ class LearnedPolicySource:
         :meth:`TrustedKeys.load`). ``backend`` None: decisions run in this process (torch);
         else on that server. ``keep_newest``: loaded versions kept beyond the pinned ones."""
         self.agents = agents
+        """This orchestrator's pool (versions trained on another one are accepted: logged)."""
         self.default_max_subtasks = default_max_subtasks
         self.sample_prefixes = sample_prefixes
         self.backend = backend
@@ -347,17 +347,30 @@ class LearnedPolicySource:
     def _build(self, weights: LoadedWeights) -> SwarmPolicy:
         net, agents = build_swarm_policy(weights)
         if agents != self.agents:
-            # Refused at load time, so the previous version keeps serving.
-            raise ArtifactError(
-                f"{weights.path}: trained for agents {list(agents)}, this orchestrator's pool "
-                f"has {list(self.agents)}"
+            _log.info(
+                "%s: trained on agents %s, deciding on this orchestrator's pool %s",
+                weights.path,
+                list(agents),
+                list(self.agents),
             )
         raw = weights.metadata.get(MAX_SUBTASKS_KEY, "")
         if raw and not is_version_number(raw):
             raise ArtifactError(
                 f"{weights.path}: metadata {MAX_SUBTASKS_KEY}={raw!r} is not a count"
             )
-        return SwarmPolicy(net, agents, int(raw) if raw else self.default_max_subtasks)
+        max_subtasks = int(raw) if raw else self.default_max_subtasks
+        # Refused here, at load, so the previous version keeps serving: a network whose input
+        # widths are not those of the observation its sessions will read (any pool's).
+        probe = ObservationLayout(
+            max_subtasks=max(max_subtasks, 1),
+            agents=self.agents,
+            running_rows=EnvConfig().max_running_obs,
+        )
+        try:
+            SwarmAgent(probe, net=net)
+        except ArtifactError as exc:
+            raise ArtifactError(f"{weights.path}: {exc}") from None
+        return SwarmPolicy(net, agents, max_subtasks)
 
     @property
     def version(self) -> int | None:
@@ -431,7 +444,8 @@ class LearnedPolicySource:
         """Served backend: make ``event``'s version live on the server, then for new sessions.
 
         Everything that can reject the version happens before anything changes: the weights
-        file is verified and its metadata checked (agents, S: the featurisation sessions use),
+        file is verified and its metadata checked (the network, S: the featurisation sessions
+        use),
         the ONNX file is checked against the signed ``onnx_sha256``, and the server loads it
         through the repository API (a load that fails leaves the previous version serving).
         Only then do new sessions get the new snapshot. A retriable server error (unavailable,

@@ -61,6 +61,7 @@ from podium.envs.swarm.trajectory import (
     execution_context,
 )
 from podium.errors import BusError, PodiumError
+from podium.observed import AgentStats
 from podium.policy.decisions import EpisodeRecorder
 from podium.rollout.routing import Route
 from podium.v1 import review_pb2, subtask_pb2, task_pb2, trajectory_pb2
@@ -233,6 +234,27 @@ class SessionSettings:
     (behaviour cloning from live traffic); learned sessions always carry them."""
 
 
+def session_env(
+    task: TaskSpec,
+    pool: SubagentPool,
+    policy: SchedulingPolicy,
+    settings: SessionSettings,
+    stats: AgentStats | None,
+) -> SwarmEnv:
+    """The environment a session runs on: a learned policy's own layout (the one it was trained
+    with), else one sized to the task; reading ``stats`` and never feeding it (the store's
+    follower records every session's trajectory, this one's included)."""
+    n = len(task.subtasks)
+    config = (
+        policy.env_config(n)
+        if isinstance(policy, TrainingPolicy)
+        else EnvConfig(
+            max_subtasks=max(64, n), invalid_action="raise", max_steps=settings.max_decisions
+        )
+    )
+    return SwarmEnv([task], pool, replace(config, feed_stats=False), stats=stats)
+
+
 class Session:
     """Runs one task to its end: decisions, assignments, results, trajectory."""
 
@@ -250,11 +272,13 @@ class Session:
         on_event: Callable[[str, str], None] | None = None,
         route: Route | None = None,
         review: ReviewGate | None = None,
+        stats: AgentStats | None = None,
     ) -> None:
         """``route``: the rollout arm the session was routed to when it started (recorded in
         its trajectory with the version that actually decided); None: no arm recorded.
         ``review``: the gate holding sensitive subtasks for a human decision (see
-        :mod:`orchestrator_svc.review`); None: sensitive subtasks start like any other."""
+        :mod:`orchestrator_svc.review`); None: sensitive subtasks start like any other.
+        ``stats``: the statistics store the session's environment reads (:func:`session_env`)."""
         self.submitted = submitted
         self.session_id = submitted.session_id
         self.task = task
@@ -272,15 +296,7 @@ class Session:
         # run of the same session (a redelivered TaskSubmitted) are recognised as stale.
         self.run_id = secrets.token_hex(4)
         n = len(task.subtasks)
-        env_config = (
-            # A learned policy runs on the environment layout it was trained with.
-            policy.env_config(n)
-            if isinstance(policy, TrainingPolicy)
-            else EnvConfig(
-                max_subtasks=max(64, n), invalid_action="raise", max_steps=settings.max_decisions
-            )
-        )
-        self.env = SwarmEnv([task], pool, env_config)
+        self.env = session_env(task, pool, policy, settings, stats)
         self.review = review
         sensitive = frozenset(i for i, s in enumerate(task.subtasks) if s.sensitive)
         self.sim = BusSimulator(

@@ -46,6 +46,7 @@ SERVICES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             topics.ORCHESTRATOR_SESSIONS,
             topics.ROLLOUT,
             topics.REVIEWS,
+            topics.TRAJECTORIES,
         ),
         (
             topics.TASKS,
@@ -69,7 +70,8 @@ SERVICES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 """Principal name -> (topics it consumes, topics it produces), from docs/architecture.md.
 The orchestrator also creates, writes and reads its session ledger
-(:data:`~podium.topics.ORCHESTRATOR_SESSIONS`).
+(:data:`~podium.topics.ORCHESTRATOR_SESSIONS`), and reads back the trajectories it writes (every
+replica's, into its statistics store of the sub-agents, ``PODIUM_AGENT_STATS``).
 The principal's consumer groups and transactional ids are those that start with its name
 (``reward`` covers reward_svc's default group ``reward_svc`` and ids ``reward_svc-<pod>``).
 ``rollout`` is the rollout controller (learner_svc in ``rollout`` mode, the one writer of

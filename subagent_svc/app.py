@@ -25,7 +25,7 @@ from podium import topics
 from podium.bus.base import Bus, Record, TopicSpec
 from podium.bus.consumer import EventConsumer, EventPublisher
 from podium.codec import unpack_as
-from podium.envs.swarm.drift import DriftingPool, load_drift
+from podium.envs.swarm.drift import DriftingPool, DriftSchedule, load_drift
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.spec import PoolSpec, default_pool, load_pool
 from podium.errors import ConfigError, SpecError
@@ -53,14 +53,17 @@ def load_pool_spec(path: str) -> PoolSpec:
     return load_pool(Path(path)) if path else default_pool()
 
 
-def drifting_pool(nominal: SubagentPool, config: SubagentConfig) -> DriftingPool:
-    """The true pool of ``config``'s drift scenario over ``nominal``; a bad scenario (unknown
+def drifting_pool(
+    base: SubagentPool, config: SubagentConfig, pool_drift: DriftSchedule | None = None
+) -> DriftingPool:
+    """The true pool over time: ``base`` (the pool's true profiles) under ``config``'s drift
+    scenario, else the pool file's own ``drift:`` (``pool_drift``); a bad scenario (unknown
     name, invalid file, an agent or kind the pool lacks) is a :class:`ConfigError` naming
     ``PODIUM_SUBAGENT_DRIFT``."""
     try:
-        schedule = load_drift(config.drift)
+        schedule = load_drift(config.drift) if config.drift or pool_drift is None else pool_drift
         origin = time.time() if config.drift_origin is None else config.drift_origin
-        pool = DriftingPool(nominal, schedule, origin)
+        pool = DriftingPool(base, schedule, origin)
     except SpecError as exc:
         raise ConfigError(f"PODIUM_SUBAGENT_DRIFT={config.drift!r}: {exc}") from exc
     if schedule.changes:
@@ -179,12 +182,14 @@ class SubagentApp:
             spec = pool if pool is not None else load_pool_spec(config.pool_spec)
         except Exception as exc:  # SpecError and file errors: name the setting
             raise ConfigError(f"PODIUM_POOL_SPEC={config.pool_spec!r}: {exc}") from exc
-        self.pool = SubagentPool(spec)
-        """The nominal pool (what ``PODIUM_POOL_SPEC`` says, and the orchestrator plans for)."""
-        self.true_pool = drifting_pool(self.pool, config)
-        """The pool executions are sampled from: the nominal one under the drift scenario
-        (``PODIUM_SUBAGENT_DRIFT``, :mod:`podium.envs.swarm.drift`); without one, always the
-        nominal pool."""
+        self.pool = SubagentPool(spec.advertised())
+        """The advertised pool (what ``PODIUM_POOL_SPEC`` says, and the orchestrator plans
+        for)."""
+        truth = SubagentPool(spec.true_spec()) if spec.has_truth else self.pool
+        self.true_pool = drifting_pool(truth, config, spec.drift)
+        """The pool executions are sampled from: the pool file's true profiles (``true:``,
+        else the advertised ones) under the drift scenario (``PODIUM_SUBAGENT_DRIFT``, else the
+        file's ``drift:``; :mod:`podium.envs.swarm.drift`)."""
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(SERVICE)
         self.stats = SubagentStats()
         self.publisher = EventPublisher(bus, producer_name=self.instance)

@@ -13,7 +13,7 @@ from podium.serving.contract import PolicySignature
 from podium.serving.export import default_swarm_signature
 
 SIGNATURE: PolicySignature = default_swarm_signature()
-"""Sizes of the shipped default pool: F=45, G=138, K=27 at the time of writing."""
+"""Sizes of the swarm observation (F, G, P: 19, 89, 15 at the time of writing; any pool's)."""
 
 
 def make_policy(seed: int) -> nn.Module:
@@ -23,7 +23,7 @@ def make_policy(seed: int) -> nn.Module:
         NetworkConfig(
             slot_features=SIGNATURE.subtask_features,
             global_features=SIGNATURE.global_features,
-            num_agents=SIGNATURE.actions_per_subtask // 3,
+            pair_features=SIGNATURE.pair_features,
             d_model=32,
             heads=4,
             layers=2,

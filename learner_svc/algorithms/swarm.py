@@ -1,17 +1,22 @@
 """The swarm algorithm: behaviour cloning from a rule engine, then PPO, for the orchestrator.
 
 Both work on decisions gathered from :class:`~podium.policy.decisions.Episode` objects, padded
-per minibatch to the largest task in it. The PPO math is :mod:`podium.rl.ppo`'s
-(``compute_gae``, ``ppo_loss``); this module batches variable-size observations for it
-(size-bucketed minibatches), adds the rollout baseline a simulating actor attaches to each
-trajectory (``Trajectory.baseline``: a rule engine's return on the same session under the same
-sub-agent luck, Kool et al. 2019) and warms the critic up before the first policy step.
+per minibatch to the largest task *and* the largest pool in it: the network reads agents by
+features (one pair row per (slot, agent)), so one batch may mix sessions of pools with
+different agents, and padding agents, like padding slots, are never valid. The PPO math is
+:mod:`podium.rl.ppo`'s (``compute_gae``, ``ppo_loss``); this module batches variable-size
+observations for it (size-bucketed minibatches), adds the rollout baseline a simulating actor
+attaches to each trajectory (``Trajectory.baseline``: a rule engine's return on the same
+session under the same sub-agent luck, Kool et al. 2019) and warms the critic up before the
+first policy step.
 :class:`SwarmPPO` is the algorithm the learning loop (:mod:`learner_svc.loop`) drives, in
 ``python -m learner_svc`` and in both drivers of ``podium train``.
 
 1. **decode**: a ``ScoredTrajectory`` whose trajectory was *sampled* by a learned version
-   (label ``actions=sampled``, numeric ``policy_version``) becomes an :class:`Episode`; rule
-   engine and argmax sessions are skipped (counted as off-policy by the loop);
+   (label ``actions=sampled``, numeric ``policy_version``) becomes an :class:`Episode`, its
+   tensors decoded with its own pool's agent count (``Trajectory.agents``; the configured
+   pool's for a trajectory written before it existed); rule engine and argmax sessions are
+   skipped (counted as off-policy by the loop);
 2. **update**: one :func:`ppo_update` with the environment's −Δclock/bound per decision plus,
    at the end of the session, the reward service's ``total`` minus the baseline's return;
 3. **publish**: safetensors with sha256 (:func:`podium.policy.swarm.save_policy`), an ONNX
@@ -98,55 +103,72 @@ class SwarmPPOConfig:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Decisions padded to a common number of slots."""
+    """Decisions padded to a common number of slots and agents (the minibatch's most of each:
+    episodes of different tasks and pools share one batch)."""
 
     slots: Tensor
+    """Slot rows ``[B, n_max, F]`` (padding slots all zero)."""
     present: Tensor
+    """Which slots are a subtask ``[B, n_max]``."""
     globals_: Tensor
+    """Global tokens ``[B, G']``."""
+    pairs: Tensor
+    """Pair rows ``[B, n_max, A_max, P]`` (padding slots and agents all zero)."""
     masks: Tensor
+    """Valid actions in the padded layout ``[B, n_max·A_max·3 + 2]`` (padding never valid)."""
     actions: Tensor
+    """Actions in the padded layout ``[B]``."""
 
 
 def collate(
     episodes: Sequence[Episode],
     index: NDArray[np.int64],
-    num_agents: int,
     *,
     use_teacher: bool = False,
 ) -> tuple[Batch, int]:
-    """Gather decisions ``index`` (rows of ``[episode, t]``) into one padded batch.
+    """Gather decisions ``index`` (rows of ``[episode, t]``) into one padded batch; returns it
+    and its slot count ``n_max``.
 
-    ``use_teacher`` takes the DAgger label as the action where an episode has one.
+    Every decision is padded to the batch's largest task (``n_max`` slots) and largest pool
+    (``A_max`` agents): its mask and action move from the episode's own action layout to the
+    batch's through :meth:`ActionCodec.translate_mask_to` / :meth:`ActionCodec.translate_to`
+    (a START keeps its slot, agent and split; WAIT and FINISH move to the padded layout's
+    end), so padding slots and agents are never valid and change no valid action's logit.
+    ``use_teacher`` takes the DAgger label as the action where an episode has a valid one.
     """
-    ns = [episodes[e].n for e, _ in index]
-    n_max = max(ns)
-    batch_codec = ActionCodec(n_max, num_agents)  # every decision padded to the largest task
-    own: dict[int, ActionCodec] = {}  # each episode's own layout, by task size
+    which = index[:, 0]
+    used = [int(e) for e in np.unique(which)]
+    n_max = max(episodes[e].n for e in used)
+    a_max = max(episodes[e].num_agents for e in used)
+    batch_codec = ActionCodec(n_max, a_max)
+    first = episodes[used[0]]
     B = len(index)
-    F = episodes[0].slots.shape[-1]
-    G = episodes[0].globals_.shape[-1]
-    slots = np.zeros((B, n_max, F), dtype=np.float32)
-    globals_ = np.empty((B, G), dtype=np.float32)
-    masks = np.zeros((B, batch_codec.size), dtype=bool)
+    slots = np.zeros((B, n_max, first.slots.shape[-1]), dtype=np.float32)
+    globals_ = np.empty((B, first.globals_.shape[-1]), dtype=np.float32)
+    pairs = np.zeros((B, n_max, a_max, first.pairs.shape[-1]), dtype=np.float32)
+    masks = np.empty((B, batch_codec.size), dtype=bool)
     actions = np.empty(B, dtype=np.int64)
-    for i, (e, t) in enumerate(index):
+    for e in used:  # one episode's decisions at a time: whole-array copies and translations
         ep = episodes[e]
-        n = ep.n
-        codec = own.get(n)
-        if codec is None:
-            codec = own[n] = batch_codec.with_slots(n)
-        slots[i, :n] = ep.slots[t]
-        globals_[i] = ep.globals_[t]
-        codec.translate_mask(ep.masks[t], batch_codec, out=masks[i])
-        a = int(ep.actions[t])
-        if use_teacher and ep.teacher is not None and ep.masks[t, ep.teacher[t]]:
-            a = int(ep.teacher[t])
-        actions[i] = codec.translate(a, batch_codec)
+        rows = np.flatnonzero(which == e)
+        ts = index[rows, 1]
+        n, a = ep.n, ep.num_agents
+        own = ActionCodec(n, a)
+        slots[rows, :n] = ep.slots[ts]
+        globals_[rows] = ep.globals_[ts]
+        pairs[rows, :n, :a] = ep.pairs[ts]
+        masks[rows] = own.translate_mask_to(ep.masks[ts], batch_codec)
+        acts = ep.actions[ts]
+        if use_teacher and ep.teacher is not None:
+            teach = ep.teacher[ts]
+            acts = np.where(ep.masks[ts, teach], teach, acts)
+        actions[rows] = own.translate_to(acts, batch_codec)
     return (
         Batch(
             slots=torch.from_numpy(slots),
             present=torch.from_numpy(subtask_present(slots)),
             globals_=torch.from_numpy(globals_),
+            pairs=torch.from_numpy(pairs),
             masks=torch.from_numpy(masks),
             actions=torch.from_numpy(actions),
         ),
@@ -154,8 +176,14 @@ def collate(
     )
 
 
+def _net(agent: SwarmAgent, b: Batch) -> tuple[Tensor, Tensor]:
+    """(masked logits, values) of a padded batch."""
+    logits, values = agent.net(b.slots, b.present, b.globals_, b.pairs, b.masks)
+    return logits, values
+
+
 def _forward(agent: SwarmAgent, b: Batch) -> tuple[Tensor, Tensor, Tensor]:
-    logits, values = agent.net(b.slots, b.present, b.globals_, b.masks)
+    logits, values = _net(agent, b)
     log_p = torch.log_softmax(logits, dim=-1)
     lp = log_p.gather(-1, b.actions[:, None]).squeeze(-1)
     entropy = -(log_p.exp() * log_p).sum(-1)
@@ -174,17 +202,23 @@ def size_bucketed_minibatches(
     minibatch_size: int,
     rng: np.random.Generator,
 ) -> list[NDArray[np.int64]]:
-    """One epoch's minibatches: positions into ``steps``, grouped by task size.
+    """One epoch's minibatches: positions into ``steps``, grouped by task size and pool size.
 
-    A minibatch is padded to its largest task and attention costs O(n²) in it, so uniformly
-    random minibatches over tasks of 5–60 subtasks pay for 60 almost every time. Shuffling,
-    then sorting stably by size, then cutting consecutive runs keeps each minibatch a random
-    sample *within* a size band, and the minibatch order is shuffled, so every decision is
-    still used once per epoch; the update costs what the tasks need (≈40 % less time, measured).
+    A minibatch is padded to its largest task and its largest pool, and attention costs O(n²)
+    in the slots, so uniformly random minibatches over tasks of 5–60 subtasks pay for 60
+    almost every time. Shuffling, then sorting stably by (slots n, agents A), then cutting
+    consecutive runs keeps each minibatch a random sample *within* a size band, and the
+    minibatch order is shuffled, so every decision is still used once per epoch; the update
+    costs what the tasks need (≈40 % less time, measured). Slots come first because they cost
+    quadratically and agents only linearly (the pair block is n·A); within one task size,
+    decisions of the same pool size stay together, so a mixed batch rarely pads agents. With
+    one pool the order is exactly the slots-only one.
     """
-    sizes = np.array([episodes[e].n for e, _ in steps], dtype=np.int64)
+    n_of = np.array([ep.n for ep in episodes], dtype=np.int64)
+    a_of = np.array([ep.num_agents for ep in episodes], dtype=np.int64)
+    sizes, agents = n_of[steps[:, 0]], a_of[steps[:, 0]]
     perm = rng.permutation(len(steps))
-    order = perm[np.argsort(sizes[perm], kind="stable")]
+    order = perm[np.lexsort((agents[perm], sizes[perm]))]  # lexsort is stable
     batches = [order[i : i + minibatch_size] for i in range(0, len(order), minibatch_size)]
     return [batches[i] for i in rng.permutation(len(batches))]
 
@@ -212,8 +246,8 @@ def behaviour_cloning(
         batches = 0
         for sel in size_bucketed_minibatches(steps, demos, config.minibatch_size, rng):
             idx = steps[sel]
-            b, _ = collate(demos, idx, agent.num_agents, use_teacher=True)
-            logits, values = agent.net(b.slots, b.present, b.globals_, b.masks)
+            b, _ = collate(demos, idx, use_teacher=True)
+            logits, values = _net(agent, b)
             target_v = torch.from_numpy(np.array([returns[e][t] for e, t in idx], dtype=np.float32))
             ce = torch.nn.functional.cross_entropy(logits, b.actions)
             loss = ce + 0.5 * ((values - target_v) ** 2).mean()
@@ -314,7 +348,7 @@ def _minibatch_loss(
     config: SwarmPPOConfig,
     ent_coef: float,
 ) -> PPOLossParts:
-    b, _ = collate(episodes, t.steps[sel], agent.num_agents)
+    b, _ = collate(episodes, t.steps[sel])
     new_lp, entropy, new_v = _forward(agent, b)
     return ppo_loss(
         new_lp,
@@ -429,8 +463,10 @@ class SwarmSettings:
     """A swarm policy (safetensors, e.g. a behaviour-cloning result) to start from as version 0
     when there is no checkpoint; empty = a freshly initialised network."""
     pool_spec: str = env("PODIUM_POOL_SPEC", default="")
-    """Pool spec file (JSON/YAML); empty = the shipped default. Must be the pool the
-    orchestrator schedules for (the action layout depends on its agents)."""
+    """Pool spec file (JSON/YAML); empty = the shipped default. Nothing the learner trains
+    depends on it (the network reads agents by features, a batch may mix pools): it only
+    names the agents of a trajectory that does not (one written before
+    ``Trajectory.agents``) and the pool recorded with each version (for reports)."""
     max_subtasks: int = env("PODIUM_LEARNER_MAX_SUBTASKS", default=64, parse=positive_int)
     """Environment slot count S stored with each version."""
     seed: int = env("PODIUM_LEARNER_SEED", default=0)
@@ -496,19 +532,15 @@ def load_pool_setting(pool_spec: str) -> PoolSpec:
         raise ConfigError(f"PODIUM_POOL_SPEC={pool_spec!r}: {exc}") from exc
 
 
-def initial_network(init: str, agents: tuple[str, ...]) -> SwarmPolicyNet | None:
-    """The network ``PODIUM_LEARNER_INIT`` names, checked against the pool's agents."""
+def initial_network(init: str) -> SwarmPolicyNet | None:
+    """The network ``PODIUM_LEARNER_INIT`` names (any pool's: the network reads agents by
+    features, so a policy trained on one pool goes on learning on others)."""
     if not init:
         return None  # SwarmAgent builds a fresh network from the layout
     try:
-        net, trained_for = load_policy(init)
+        net, _trained_for = load_policy(init)
     except ArtifactError as exc:
         raise ConfigError(f"PODIUM_LEARNER_INIT={init!r}: {exc}") from exc
-    if trained_for != agents:
-        raise ConfigError(
-            f"PODIUM_LEARNER_INIT={init!r}: trained for agents {list(trained_for)}, the pool "
-            f"has {list(agents)}"
-        )
     net.train()
     return net
 
@@ -531,6 +563,8 @@ class SwarmPPO:
         self.settings = settings
         self.layout = layout
         self.agents = tuple(layout.agents)
+        """The configured pool's agents: of trajectories that name none, and recorded with each
+        version (for reports; the network decides on any pool)."""
         self.ppo = settings.ppo()
         # One intra-op thread: the update runs beside the consumer on cores shared with the
         # other services, and its arithmetic is then the same in every process.
@@ -552,15 +586,17 @@ class SwarmPPO:
     def from_settings(cls, settings: SwarmSettings) -> SwarmPPO:
         """Build from settings alone: the pool's layout, and the init network if one is named."""
         layout = swarm_layout(load_pool_setting(settings.pool_spec), settings.max_subtasks)
-        return cls(settings, layout, initial_network(settings.init, tuple(layout.agents)))
+        return cls(settings, layout, initial_network(settings.init))
 
     def decode(self, scored: reward_pb2.ScoredTrajectory, lag: int) -> SwarmSample | None:
         traj = scored.trajectory
         if not is_on_policy_sample(dict(traj.labels), traj.policy_version):
             return None
         layout = self.layout
+        # Each trajectory's tensors in its own pool's layout (Trajectory.agents); the
+        # configured pool's agents only for one that names none (written before pools mixed).
         episode = episode_from_trajectory(
-            traj, layout.slot_features, layout.global_token_features, len(self.agents)
+            traj, layout.slot_features, layout.global_token_features, self.agents
         )
         return SwarmSample(
             episode=episode,

@@ -6,6 +6,11 @@ uses (attention costs O(S²), and padding slots are always masked), runs the net
 the chosen actions back to the environment's layout. The cutting and index mapping are the
 environment's encoding (:class:`~podium.envs.swarm.observation.ObservationLayout`,
 :class:`~podium.envs.swarm.actions.ActionCodec`); the agent only applies them.
+
+A :class:`SwarmAgent` is bound to one layout (one pool: its action layout has ``A`` agents),
+but the network is not: any number of agents bind to one network, one per pool.
+:func:`act_mixed` decides for sessions on different pools in one forward pass, padding the
+agents as well as the slots (:func:`podium.serving.contract.stack_padded`, the one padding).
 """
 
 from __future__ import annotations
@@ -20,7 +25,15 @@ from torch import Tensor
 from podium.envs.swarm.actions import ActionCodec
 from podium.envs.swarm.observation import ObservationLayout
 from podium.envs.swarm.state import SwarmState
+from podium.errors import ArtifactError
 from podium.policy.network import NetworkConfig, SwarmPolicyNet
+from podium.serving.contract import (
+    PolicyInputs,
+    PolicyOutputs,
+    PolicySignature,
+    stack_padded,
+    unstack_padded,
+)
 
 
 def guard_mask(state: SwarmState, mask: NDArray[np.bool_], codec: ActionCodec) -> NDArray[np.bool_]:
@@ -62,8 +75,13 @@ class ActResult:
     """V(s) ``[B]``."""
 
 
+def layout_widths(layout: ObservationLayout) -> tuple[int, int, int]:
+    """(slot, global token, pair) widths of ``layout``: what a network reading it is built for."""
+    return layout.slot_features, layout.global_token_features, layout.pair_features
+
+
 class SwarmAgent:
-    """A :class:`SwarmPolicyNet` bound to an environment layout."""
+    """A :class:`SwarmPolicyNet` bound to an environment layout (its pool's action layout)."""
 
     def __init__(
         self, layout: ObservationLayout, net: SwarmPolicyNet | None = None, **net_kwargs: int
@@ -72,27 +90,46 @@ class SwarmAgent:
         self.num_agents = len(layout.agents)
         self.codec = ActionCodec(layout.max_subtasks, self.num_agents)
         """The environment's action layout (all ``max_subtasks`` slots)."""
-        self.net = net or SwarmPolicyNet(
-            NetworkConfig(
-                slot_features=layout.slot_features,
-                global_features=layout.global_token_features,
-                num_agents=self.num_agents,
-                **net_kwargs,
+        f, g, p = layout_widths(layout)
+        if net is None:
+            net = SwarmPolicyNet(
+                NetworkConfig(slot_features=f, global_features=g, pair_features=p, **net_kwargs)
             )
-        )
+        cfg = net.config
+        if (cfg.slot_features, cfg.global_features, cfg.pair_features) != (f, g, p):
+            raise ArtifactError(
+                f"the policy reads (slot, global, pair) widths "
+                f"{(cfg.slot_features, cfg.global_features, cfg.pair_features)}, the "
+                f"environment's observation has {(f, g, p)} (another observation version or "
+                "running-table size): retrain it for this observation"
+            )
+        self.net = net
+
+    @property
+    def signature(self) -> PolicySignature:
+        """The serving signature of the bound network."""
+        cfg = self.net.config
+        return PolicySignature(cfg.slot_features, cfg.global_features, cfg.pair_features)
 
     def inputs(
         self, obs: NDArray[np.float32], masks: NDArray[np.bool_], used_slots: int
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Network inputs for a batch whose largest task has ``used_slots`` subtasks."""
-        slots, present, globals_ = self.layout.split(obs, used_slots)
+        slots, present, globals_, pairs = self.layout.split(obs, used_slots)
         trimmed = self.codec.translate_mask(masks, self.codec.with_slots(used_slots))
         return (
             torch.from_numpy(np.ascontiguousarray(slots)),
             torch.from_numpy(np.ascontiguousarray(present)),
             torch.from_numpy(np.ascontiguousarray(globals_)),
+            torch.from_numpy(np.ascontiguousarray(pairs)),
             torch.from_numpy(np.ascontiguousarray(trimmed)),
         )
+
+    def policy_inputs(
+        self, obs: NDArray[np.float32], masks: NDArray[np.bool_], used_slots: int
+    ) -> PolicyInputs:
+        """:meth:`inputs` as numpy arrays in the serving layout (a served backend's request)."""
+        return PolicyInputs(*(t.numpy() for t in self.inputs(obs, masks, used_slots)))
 
     def to_trimmed(self, actions: NDArray[np.int64], used_slots: int) -> NDArray[np.int64]:
         """Full-layout action indices → the trimmed layout of ``used_slots`` slots."""
@@ -160,3 +197,55 @@ class SwarmAgent:
         lp = log_p.gather(-1, a[:, None]).squeeze(-1)
         entropy = -(log_p.exp() * log_p).sum(-1)
         return lp, entropy, values, logits
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Sessions of one pool in a :func:`act_mixed` batch."""
+
+    agent: SwarmAgent
+    """The network bound to the pool's layout."""
+    obs: NDArray[np.float32]
+    """Observations ``[B_g, size]`` (the layout's)."""
+    masks: NDArray[np.bool_]
+    """Action masks ``[B_g, codec.size]`` (full layout)."""
+    used_slots: int
+    """Subtasks of the group's largest task."""
+
+
+@torch.no_grad()
+def act_mixed(
+    groups: list[Group], *, greedy: bool = False, generator: torch.Generator | None = None
+) -> list[ActResult]:
+    """One forward pass deciding for sessions on different pools (one result per group).
+
+    Each group's inputs are cut as :meth:`SwarmAgent.inputs` cuts them, then padded to the
+    most slots and agents of the batch (:func:`~podium.serving.contract.stack_padded`:
+    padding slots and agents change nothing for the real ones), and the outputs unpadded back
+    into each group's own layout, where its agent chooses (:meth:`SwarmAgent.select`, groups
+    in order, one generator). With one group it is exactly :meth:`SwarmAgent.act`. Every
+    group's agent must be bound to the same network.
+    """
+    if len(groups) == 1:
+        g = groups[0]
+        return [g.agent.act(g.obs, g.masks, g.used_slots, greedy=greedy, generator=generator)]
+    net = groups[0].agent.net
+    if any(g.agent.net is not net for g in groups):
+        raise ValueError("act_mixed: every group must run the same network")
+    parts = [g.agent.policy_inputs(g.obs, g.masks, g.used_slots) for g in groups]
+    signature = groups[0].agent.signature
+    stacked = stack_padded(parts, signature)
+    logits, values = net(*(torch.from_numpy(a) for a in stacked.arrays().values()))
+    outputs = unstack_padded(
+        PolicyOutputs(logits.numpy(), values.numpy(), "local"), parts, signature
+    )
+    return [
+        g.agent.select(
+            torch.from_numpy(out.logits),
+            torch.from_numpy(out.value),
+            g.used_slots,
+            greedy=greedy,
+            generator=generator,
+        )
+        for g, out in zip(groups, outputs, strict=True)
+    ]

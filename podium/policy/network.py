@@ -1,11 +1,25 @@
-"""The orchestrator's policy network for the swarm environment.
+"""The orchestrator's policy network for the swarm environment: agents read by features.
 
 A set encoder over subtask tokens: each subtask slot of the observation is a token, a global
 token carries the clock, capacity and the running-executions table, and a few pre-norm
-self-attention blocks mix them. Each subtask token emits its own START logits over
-(agent, split k); the global token emits WAIT, FINISH and the value. Because the START head is
-applied per token, the number of subtasks is a free dimension: a policy trained on tasks of
-10–30 subtasks runs unchanged on 100, and nothing in the network depends on ``max_parallel``.
+self-attention blocks mix them. Agents are not an axis of any weight: every (slot, agent) pair
+of the observation is one row of pair features (what the agent advertises for the slot's work,
+what has been observed of it, its load, the advice; :mod:`podium.envs.swarm.observation`), and
+
+* a shared pair embedding (one linear layer, half the token width: it runs on S·A rows)
+  reads each row;
+* before attention, each slot token adds the mean of its pairs' (ReLU'd) embeddings over the
+  agents that can do it (``can_do`` column), so the set encoder and the global token (WAIT,
+  FINISH, value) know how well the slot can be served — one cheap cross-agent mixing step;
+* after attention, the START logits of (slot i, agent a) come from a pair head over
+  (slot token i, global token, embedding of pair row (i, a)): one hidden ReLU layer, then one
+  logit per split choice.
+
+So the number of subtasks *and* the number of agents are free dimensions: one trained network
+decides on any pool, including agents added or renamed after training (they are just more
+rows), and it is equivariant to the order of the agents (permuting the pool's agents permutes
+its START logits the same way) as it is to the order of the subtasks. Padding agents (zero
+rows: ``can_do`` 0) change nothing for the real ones, as padding slots do not.
 
 The flat action layout is the environment's (:mod:`podium.envs.swarm.actions`)::
 
@@ -13,7 +27,7 @@ The flat action layout is the environment's (:mod:`podium.envs.swarm.actions`)::
     index = S · A · 3                       WAIT
     index = S · A · 3 + 1                   FINISH
 
-so flattening the per-token ``[S, A·3]`` logits row-major and appending WAIT and FINISH gives
+so flattening the per-pair ``[S, A, 3]`` logits row-major and appending WAIT and FINISH gives
 exactly the environment's action vector. Cutting the environment's observation and mask into
 these inputs is the environment's own encoding too (:meth:`ObservationLayout.split
 <podium.envs.swarm.observation.ObservationLayout.split>`, :meth:`ActionCodec.translate_mask
@@ -22,8 +36,9 @@ applies it.
 
 The ONNX / KServe-V2 signature (see ``docs/serving.md``) is this module's ``forward``:
 ``subtask_features [B, S, F]``, ``subtask_mask [B, S]`` (bool), ``global_features [B, G]``,
-``action_mask [B, S·A·3 + 2]`` (bool) → ``logits [B, S·A·3 + 2]`` (invalid entries set to
-:data:`MASKED_LOGIT`), ``value [B]``.
+``pair_features [B, S, A, P]``, ``action_mask [B, S·A·3 + 2]`` (bool) → ``logits
+[B, S·A·3 + 2]`` (invalid entries set to :data:`MASKED_LOGIT`), ``value [B]``; ``B``, ``S``
+and ``A`` are dynamic.
 """
 
 from __future__ import annotations
@@ -35,6 +50,11 @@ import torch
 from torch import Tensor, nn
 
 from podium.envs.swarm.actions import CONTROL_ACTIONS, SPLIT_CHOICES
+from podium.envs.swarm.observation import PAIR_COLUMNS
+
+_CAN_DO = PAIR_COLUMNS.can_do
+"""Column of ``can_do`` in a pair row: which agents a slot's cross-agent mean reads (padding
+agents are zero rows, so never)."""
 
 MASKED_LOGIT = -1.0e9
 """Logit of an invalid action: finite, so softmax and ONNX runtimes stay NaN-free."""
@@ -42,14 +62,15 @@ MASKED_LOGIT = -1.0e9
 
 @dataclass(frozen=True, slots=True)
 class NetworkConfig:
-    """Shape and size of :class:`SwarmPolicyNet`."""
+    """Shape and size of :class:`SwarmPolicyNet`. No width depends on the pool: the number of
+    agents is a dimension of the input, not of the weights."""
 
     slot_features: int
-    """Features per subtask token F (the environment's ObservationLayout.slot_features)."""
+    """Features per subtask token F (the observation's ``SLOT_FEATURES``)."""
     global_features: int
-    """Global features G, including the flattened running-executions table."""
-    num_agents: int
-    """Agents A in the pool; START logits per token are A × the split choices (3)."""
+    """Features of the global token G' (the globals and the flattened running table)."""
+    pair_features: int
+    """Features per (slot, agent) pair P (the observation's ``PAIR_FEATURES``)."""
     d_model: int = 64
     """Width of the token embeddings."""
     heads: int = 4
@@ -96,6 +117,16 @@ class _Block(nn.Module):
         return out
 
 
+def pair_width(d_model: int) -> int:
+    """Width of the pair embedding and the pair head's hidden layer: half the token width."""
+    return max(d_model // 2, 1)
+
+
+def _mlp(inputs: int, d: int) -> nn.Sequential:
+    """The two-layer embedding every input kind goes through."""
+    return nn.Sequential(nn.Linear(inputs, d), nn.GELU(), nn.Linear(d, d))
+
+
 class SwarmPolicyNet(nn.Module):
     """Masked logits over (subtask, agent, split) + WAIT + FINISH, and a state value."""
 
@@ -103,26 +134,31 @@ class SwarmPolicyNet(nn.Module):
         super().__init__()
         self.config = config
         d = config.d_model
-        self.slot_embed = nn.Sequential(
-            nn.Linear(config.slot_features, d), nn.GELU(), nn.Linear(d, d)
-        )
-        self.global_embed = nn.Sequential(
-            nn.Linear(config.global_features, d), nn.GELU(), nn.Linear(d, d)
-        )
+        self.slot_embed = _mlp(config.slot_features, d)
+        self.global_embed = _mlp(config.global_features, d)
+        # One projection of each pair row, shared by the cross-agent mean and the pair head.
+        # It runs on S·A rows (ten times the slot tokens on a 9-agent pool), so it is one
+        # layer of half the token width: the pair tensors are the largest of the forward pass.
+        dp = pair_width(d)
+        self.pair_embed = nn.Linear(config.pair_features, dp)
+        # What a slot token learns of its agents before attention (the cross-agent mixing).
+        self.pair_pool = nn.Linear(dp, d)
         self.blocks = nn.ModuleList(
             [_Block(d, config.heads, config.ff_mult) for _ in range(config.layers)]
         )
         self.norm = nn.LayerNorm(d)
-        # START logits read the token and the global context it attended to.
-        self.start_head = nn.Sequential(
-            nn.Linear(2 * d, d), nn.GELU(), nn.Linear(d, config.num_agents * SPLIT_CHOICES)
-        )
+        # The pair head: a hidden layer over [slot token; global token; pair row], written as
+        # projections summed, so the slot and global parts are computed once per slot and per
+        # batch row rather than once per (slot, agent) pair; then one logit per split choice.
+        self.start_slot = nn.Linear(d, dp)
+        self.start_global = nn.Linear(d, dp, bias=False)
+        self.start_out = nn.Linear(dp, SPLIT_CHOICES)
         self.control_head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, CONTROL_ACTIONS))
         self.value_head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
         # Small initial logits: the untrained policy is close to uniform over valid actions.
-        for head in (self.start_head, self.control_head):
-            last = head[-1]
-            assert isinstance(last, nn.Linear)
+        control_last = self.control_head[-1]
+        assert isinstance(control_last, nn.Linear)
+        for last in (self.start_out, control_last):
             nn.init.normal_(last.weight, std=0.01)
             nn.init.zeros_(last.bias)
 
@@ -131,12 +167,21 @@ class SwarmPolicyNet(nn.Module):
         subtask_features: Tensor,
         subtask_mask: Tensor,
         global_features: Tensor,
+        pair_features: Tensor,
         action_mask: Tensor,
     ) -> tuple[Tensor, Tensor]:
         """(masked logits [B, S·A·3 + 2], value [B]); see the module docstring."""
-        b, s, _ = subtask_features.shape
+        b = subtask_features.shape[0]
+        pairs = self.pair_embed(pair_features)  # [B, S, A, dp]
+        # Mean over the agents that can do the slot: invariant to their order, and blind to
+        # padding agents (all-zero rows), so a padded batch decides as each row alone. As a
+        # [1, A] @ [A, dp] product per slot: no [B, S, A, dp] temporary.
+        able = (pair_features[..., _CAN_DO] > 0.5).to(pairs.dtype)[:, :, None, :]  # [B,S,1,A]
+        summed = (able @ torch.relu(pairs)).squeeze(2)  # [B, S, dp]
+        pooled_pairs = summed / able.sum(dim=-1).clamp(min=1.0)
+        slot_tokens = self.slot_embed(subtask_features) + self.pair_pool(pooled_pairs)
         g = self.global_embed(global_features)[:, None, :]
-        tokens = torch.cat([g, self.slot_embed(subtask_features)], dim=1)
+        tokens = torch.cat([g, slot_tokens], dim=1)
         present = torch.cat(
             [torch.ones(b, 1, dtype=torch.bool, device=subtask_mask.device), subtask_mask], dim=1
         )
@@ -150,7 +195,10 @@ class SwarmPolicyNet(nn.Module):
         tokens = self.norm(tokens)
         pooled = tokens[:, 0]
         slots = tokens[:, 1:]
-        start = self.start_head(torch.cat([slots, pooled[:, None, :].expand(b, s, -1)], dim=-1))
+        # ReLU, not GELU, on the S·A pair rows: the same shape of function, a fraction of
+        # the cost on the largest tensor of the forward pass.
+        context = self.start_slot(slots) + self.start_global(pooled)[:, None, :]  # [B, S, dp]
+        start = self.start_out(torch.relu(pairs + context[:, :, None, :]))  # [B, S, A, 3]
         logits = torch.cat([start.reshape(b, -1), self.control_head(pooled)], dim=-1)
         logits = torch.where(action_mask, logits, torch.full_like(logits, MASKED_LOGIT))
         return logits, self.value_head(pooled).squeeze(-1)

@@ -4,6 +4,12 @@ Each call of the network decides for every live session at once (one batched for
 which is what makes a few-thousand-parameter attention policy cheap enough to train on CPU.
 Rule engines (cpls, greedy, sequential) run through the same loop, so behaviour cloning sees
 exactly the observations the learned policy will see.
+
+The environments of one call may run different pools (a training suite mixing pools, agents
+of other names or numbers): their observations then differ in size, so the sessions of each
+pool are cut by their own layout and the batch is padded to the most slots *and* agents
+(:func:`podium.policy.agent.act_mixed`) — still one forward pass per step. Each pool's
+sessions are recorded in their own layout (their episodes carry their pool's agents).
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ import torch
 from numpy.typing import NDArray
 
 from podium.envs.swarm import RuleEngine, SwarmEnv, TaskSpec, make_policy
+from podium.envs.swarm.observation import ObservationLayout
 from podium.envs.swarm.trajectory import ACTIONS_LABEL, ARGMAX, SAMPLED, episode_trajectory
-from podium.policy.agent import SwarmAgent, guard_mask
+from podium.policy.agent import Group, SwarmAgent, act_mixed, guard_mask
 from podium.policy.decisions import Episode, EpisodeRecorder, decision_data
 from podium.v1 import trajectory_pb2
 
@@ -71,6 +78,19 @@ class _LockStep:
         self.labeller = labeller
         self.pending = list(enumerate(jobs))[::-1]
         self.live: dict[int, _Live] = {}
+        self.agents: dict[ObservationLayout, SwarmAgent] = {}
+        """The network bound to each pool's layout met so far (all share ``agent.net``)."""
+        if agent is not None:
+            self.agents[agent.layout] = agent
+
+    def agent_for(self, layout: ObservationLayout) -> SwarmAgent:
+        """The learned policy bound to ``layout`` (an environment's: its pool's)."""
+        assert self.agent is not None
+        bound = self.agents.get(layout)
+        if bound is None:
+            bound = SwarmAgent(layout, net=self.agent.net)
+            self.agents[layout] = bound
+        return bound
 
     def launch(self, e: int) -> None:
         """Start the next pending job on environment ``e``."""
@@ -79,29 +99,25 @@ class _LockStep:
         obs, _ = env.reset(seed=job.seed, options={"task": job.task})
         self.live[e] = _Live(j, EpisodeRecorder(env.layout, env.codec, len(job.task.subtasks)), obs)
 
-    def masks(self, order: list[int]) -> NDArray[np.bool_]:
-        """The masks the policy decides on: guarded for the learned policy (never a start
-        that loop detection would end the session on), as they are for a rule engine."""
+    def masks(self, order: list[int]) -> list[NDArray[np.bool_]]:
+        """The masks the policy decides on, in ``order`` (each in its pool's action layout):
+        guarded for the learned policy (never a start that loop detection would end the
+        session on), as they are for a rule engine."""
         envs = self.envs
         if self.agent is not None:
-            return np.stack(
-                [guard_mask(envs[e].state, envs[e].action_masks(), envs[e].codec) for e in order]
-            )
-        return np.stack([envs[e].action_masks() for e in order])
+            return [guard_mask(envs[e].state, envs[e].action_masks(), envs[e].codec) for e in order]
+        return [envs[e].action_masks() for e in order]
 
     def decide(
         self,
         order: list[int],
-        masks: NDArray[np.bool_],
+        masks: list[NDArray[np.bool_]],
         greedy: bool,
         generator: torch.Generator | None,
     ) -> _Choices:
         """One decision for every live session, in ``order``."""
         if self.agent is not None:
-            n_max = max(len(self.envs[e].task.subtasks) for e in order)
-            obs = np.stack([self.live[e].obs for e in order])
-            res = self.agent.act(obs, masks, n_max, greedy=greedy, generator=generator)
-            return _Choices(res.actions, res.log_probs, res.values)
+            return self._decide_learned(order, masks, greedy, generator)
         assert self.engine is not None
         engine = self.engine
         return _Choices(
@@ -109,6 +125,39 @@ class _LockStep:
             np.zeros(len(order), dtype=np.float32),
             np.zeros(len(order), dtype=np.float32),
         )
+
+    def _decide_learned(
+        self,
+        order: list[int],
+        masks: list[NDArray[np.bool_]],
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> _Choices:
+        """The learned policy's decisions: one padded forward pass over every pool's sessions
+        (one group per layout, groups in order of first appearance)."""
+        rows: dict[ObservationLayout, list[int]] = {}
+        for i, e in enumerate(order):
+            rows.setdefault(self.envs[e].layout, []).append(i)
+        groups = []
+        for layout, idx in rows.items():
+            envs = [order[i] for i in idx]
+            groups.append(
+                Group(
+                    self.agent_for(layout),
+                    np.stack([self.live[e].obs for e in envs]),
+                    np.stack([masks[i] for i in idx]),
+                    max(len(self.envs[e].task.subtasks) for e in envs),
+                )
+            )
+        results = act_mixed(groups, greedy=greedy, generator=generator)
+        actions = np.zeros(len(order), dtype=np.int64)
+        log_probs = np.zeros(len(order), dtype=np.float32)
+        values = np.zeros(len(order), dtype=np.float32)
+        for idx, res in zip(rows.values(), results, strict=True):
+            actions[idx] = res.actions
+            log_probs[idx] = res.log_probs
+            values[idx] = res.values
+        return _Choices(actions, log_probs, values)
 
     def advance(
         self, e: int, mask: NDArray[np.bool_], action: int, log_prob: float, value: float

@@ -1,9 +1,12 @@
 """A trained orchestrator policy as a file, and as a scheduling policy like the rule engines.
 
 Weights are safetensors written by :func:`podium.policy.artifacts.publish_weights` (sha256
-sidecar, verified on load, never unpickled); the network's shape and the pool's agent names
-travel in the file's metadata, so a checkpoint refuses to run against a pool whose action
-layout it was not trained for.
+sidecar, verified on load, never unpickled); the network's shape travels in the file's
+metadata. The network reads agents by their features (:mod:`podium.policy.network`), so a
+policy decides on any pool; the names of the pool it was trained on travel in the metadata
+too, for reports only. A checkpoint of the pool-specific network that came before (its
+metadata has ``num_agents``) is refused with an :class:`ArtifactError` that says to retrain:
+its observation no longer exists.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 import torch
 
 from podium.envs.swarm import PolicyStep, Rng, SwarmEnv
-from podium.envs.swarm.actions import SPLIT_CHOICES
+from podium.envs.swarm.observation import ObservationLayout
 from podium.errors import ArtifactError
 from podium.policy.agent import SwarmAgent, guard_mask
 from podium.policy.artifacts import ArtifactRef, LoadedWeights, load_weights, publish_weights
@@ -25,7 +28,6 @@ from podium.policy.network import NetworkConfig, SwarmPolicyNet
 from podium.policy.versions import is_version_number
 
 if TYPE_CHECKING:
-    from podium.envs.swarm.observation import ObservationLayout
     from podium.serving.contract import PolicySignature
     from podium.serving.export import ExportedModel
     from podium.v1.reward_pb2 import PolicyUpdated
@@ -37,7 +39,8 @@ MODEL_NAME = "swarm_policy"
 def save_policy(
     net: SwarmPolicyNet, root: str | Path, version: int, agents: tuple[str, ...], **extra: str
 ) -> ArtifactRef:
-    """Publish ``net`` as version ``version`` under ``root/swarm_policy/<version>/``."""
+    """Publish ``net`` as version ``version`` under ``root/swarm_policy/<version>/``; ``agents``:
+    the names of the pool it was trained on (reported, never checked)."""
     meta = {
         "network": json.dumps(net.config.to_dict(), sort_keys=True),
         "agents": json.dumps(list(agents)),
@@ -48,28 +51,24 @@ def save_policy(
 
 
 def serving_signature(net: SwarmPolicyNet) -> PolicySignature:
-    """The serving signature of ``net`` (:mod:`podium.serving.contract`): its token and global
-    widths, and the split choices per agent per subtask (the environment's action layout)."""
+    """The serving signature of ``net`` (:mod:`podium.serving.contract`): its token, global and
+    pair widths (subtasks and agents are dynamic)."""
     from podium.serving.contract import PolicySignature
 
     cfg = net.config
     return PolicySignature(
         subtask_features=cfg.slot_features,
         global_features=cfg.global_features,
-        actions_per_subtask=cfg.num_agents * SPLIT_CHOICES,
+        pair_features=cfg.pair_features,
     )
 
 
 def layout_signature(layout: ObservationLayout) -> PolicySignature:
     """The serving signature every policy for an environment ``layout`` must accept: what a
     served orchestrator checks each request against."""
-    from podium.serving.contract import PolicySignature
+    from podium.serving.export import swarm_signature
 
-    return PolicySignature(
-        subtask_features=layout.slot_features,
-        global_features=layout.global_token_features,
-        actions_per_subtask=len(layout.agents) * SPLIT_CHOICES,
-    )
+    return swarm_signature(layout)
 
 
 def export_swarm_policy(net: SwarmPolicyNet, repository: str | Path, version: int) -> ExportedModel:
@@ -100,7 +99,9 @@ def export_swarm_policy(net: SwarmPolicyNet, repository: str | Path, version: in
     digest = sha256_file(path)
     if read_sidecar_hash(path) != digest:
         raise ArtifactError(f"{path}: bytes do not match {path.name}.sha256 (corrupt export)")
-    check = random_inputs(signature, batch=3, n_subtasks=5, rng=np.random.default_rng(version))
+    check = random_inputs(
+        signature, batch=3, n_subtasks=5, rng=np.random.default_rng(version), n_agents=4
+    )
     got = onnx_session(path).run(None, check.arrays())
     was_training = net.training
     net.eval()
@@ -143,22 +144,24 @@ def swarm_policy_updated(
 def load_policy(
     path: str | Path, sha256: str | None = None
 ) -> tuple[SwarmPolicyNet, tuple[str, ...]]:
-    """Load and verify a policy file; returns the network (eval mode) and its pool's agents."""
+    """Load and verify a policy file; returns the network (eval mode) and the names of the pool
+    it was trained on (for reports)."""
     return build_swarm_policy(load_weights(path, sha256))
 
 
 def build_swarm_policy(weights: LoadedWeights) -> tuple[SwarmPolicyNet, tuple[str, ...]]:
-    """The network (eval mode) and its pool's agents from verified weights
+    """The network (eval mode) and its training pool's agent names from verified weights
     (the ``build`` function of a :class:`~podium.policy.holder.PolicyHolder`)."""
     path = weights.path
     meta = weights.metadata
     if meta.get("kind") != "podium.swarm_policy":
         raise ArtifactError(f"{path}: not a swarm policy (metadata kind {meta.get('kind')!r})")
     try:
-        cfg = NetworkConfig(**json.loads(meta["network"]))
+        shape = json.loads(meta["network"])
         agents = tuple(json.loads(meta["agents"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise ArtifactError(f"{path}: policy metadata is incomplete ({exc})") from None
+    cfg = network_config(shape, path)
     net = SwarmPolicyNet(cfg)
     try:
         net.load_state_dict(weights.tensors, strict=True)
@@ -168,6 +171,24 @@ def build_swarm_policy(weights: LoadedWeights) -> tuple[SwarmPolicyNet, tuple[st
         ) from None
     net.eval()
     return net, agents
+
+
+def network_config(shape: object, path: str | Path) -> NetworkConfig:
+    """The :class:`NetworkConfig` of a checkpoint's ``network`` metadata; :class:`ArtifactError`
+    for anything else, and for a checkpoint of the pool-specific network (``num_agents``, no
+    ``pair_features``), whose observation no longer exists: it must be retrained."""
+    if not isinstance(shape, dict):
+        raise ArtifactError(f"{path}: policy metadata 'network' is not an object: {shape!r}")
+    if "num_agents" in shape or "pair_features" not in shape:
+        raise ArtifactError(
+            f"{path}: a policy of the pool-specific network (num_agents="
+            f"{shape.get('num_agents')!r}, no pair features); the observation has changed "
+            "since (agents are read by features), so it cannot run: retrain it (podium train)"
+        )
+    try:
+        return NetworkConfig(**shape)
+    except TypeError as exc:
+        raise ArtifactError(f"{path}: policy metadata 'network' is invalid ({exc})") from None
 
 
 MAX_SUBTASKS_KEY = "max_subtasks"
@@ -209,7 +230,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 class LearnedPolicy:
     """A trained network as a :class:`~podium.envs.swarm.scheduling.SchedulingPolicy`, like
-    the rule engines (benchmarks, evaluation).
+    the rule engines (benchmarks, evaluation), on any pool.
 
     Greedy (argmax) by default: evaluation and serving take the policy's best action.
     """
@@ -219,17 +240,18 @@ class LearnedPolicy:
     def __init__(
         self,
         net: SwarmPolicyNet,
-        agents: tuple[str, ...],
+        agents: tuple[str, ...] = (),
         *,
         greedy: bool = True,
         version: str = "learned",
     ) -> None:
         self.net = net
         self.agents = agents
+        """Names of the pool it was trained on (reports only: it decides on any pool)."""
         self.greedy = greedy
         self.version = version
         """Stamped on its decisions: the checkpoint it was loaded from, when known."""
-        self._agents_by_layout: dict[int, SwarmAgent] = {}
+        self._agents_by_layout: dict[ObservationLayout, SwarmAgent] = {}
 
     @classmethod
     def from_checkpoint(cls, path: str | Path) -> LearnedPolicy:
@@ -239,17 +261,11 @@ class LearnedPolicy:
         return cls(net, agents, version=str(resolved))
 
     def agent_for(self, env: SwarmEnv) -> SwarmAgent:
-        """The network bound to ``env``'s observation layout (checked against the pool)."""
-        key = id(env)
-        agent = self._agents_by_layout.get(key)
+        """The network bound to ``env``'s observation layout (any pool)."""
+        agent = self._agents_by_layout.get(env.layout)
         if agent is None:
-            if tuple(env.layout.agents) != self.agents:
-                raise ArtifactError(
-                    f"policy was trained for agents {list(self.agents)}, the pool has "
-                    f"{list(env.layout.agents)}; retrain or use the matching pool"
-                )
             agent = SwarmAgent(env.layout, net=self.net)
-            self._agents_by_layout[key] = agent
+            self._agents_by_layout[env.layout] = agent
         return agent
 
     def act(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:

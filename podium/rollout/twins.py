@@ -18,7 +18,8 @@ reproduces the session exactly (same decisions, same latency); twins never touch
   rewards: −latency / lower bound, minus the incompletion penalty) or the paired differences.
 
 ``true_pool``: the sub-agents as they really behave (:mod:`podium.envs.swarm.drift`), while both
-policies keep reading the nominal pool spec, as the live ones do.
+policies keep reading the nominal pool spec, as the live ones do. A learned version twins on
+any pool (it reads agents by their features); the pool it was trained on is kept for reports.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.spec import PoolSpec
 from podium.envs.swarm.trajectory import task_from_proto
 from podium.errors import ArtifactError, ConfigError, SpecError
+from podium.observed import AgentStats
 from podium.policy.agent import SwarmAgent
 from podium.policy.artifacts import load_weights, path_from_uri
 from podium.policy.decisions import Episode
@@ -95,7 +97,8 @@ class TwinPolicy:
     max_subtasks: int = DEFAULT_MAX_SUBTASKS
     """Slot count S the learned version was trained with (its sessions use max(S, n))."""
     agents: tuple[str, ...] = ()
-    """Agent names of the pool the learned version was trained for; empty: not checked."""
+    """Agent names of the pool the learned version was trained on (reports only; it twins on
+    any pool)."""
 
     def slots(self, n_subtasks: int) -> int:
         """Slots the orchestrator gives a session of ``n_subtasks`` subtasks under this policy."""
@@ -133,7 +136,7 @@ def learned_twin(
     *,
     agents: tuple[str, ...] = (),
 ) -> TwinPolicy:
-    """A learned version's twin policy (greedy); ``agents``: the pool it was trained for."""
+    """A learned version's twin policy (greedy); ``agents``: the pool it was trained on."""
     if not is_version_number(version):
         raise ConfigError(f"learned version {version!r} is not a decimal version number")
     if max_subtasks < 1:
@@ -213,10 +216,18 @@ class TwinEvaluator:
     """Runs twins of sessions with any :class:`TwinPolicy` (see the module docstring)."""
 
     def __init__(
-        self, pool: PoolSpec, *, true_pool: PoolSpec | None = None, batch: int = 32
+        self,
+        pool: PoolSpec,
+        *,
+        true_pool: PoolSpec | None = None,
+        batch: int = 32,
+        stats: AgentStats | None = None,
     ) -> None:
         if batch < 1:
             raise ConfigError(f"batch must be >= 1, got {batch}")
+        self.stats = stats
+        """The statistics store twins read (estimates in the observation, online advice);
+        never fed: a twin is a simulation, not a session. None: estimates = advertised."""
         self.pool = SubagentPool(pool)
         """The nominal pool: what the policies read."""
         self.true_pool = None if true_pool is None else SubagentPool(true_pool)
@@ -226,7 +237,6 @@ class TwinEvaluator:
 
     def run(self, policy: TwinPolicy, cases: Sequence[TwinCase]) -> list[TwinOutcome]:
         """Every case's twin under ``policy``, in case order."""
-        self._check_agents(policy)
         by_slots: dict[int, list[int]] = {}
         for i, case in enumerate(cases):
             by_slots.setdefault(policy.slots(len(case.task.subtasks)), []).append(i)
@@ -254,13 +264,6 @@ class TwinEvaluator:
         theirs = self.returns(incumbent, cases)
         return [c - i for c, i in zip(self.returns(candidate, cases), theirs, strict=True)]
 
-    def _check_agents(self, policy: TwinPolicy) -> None:
-        if policy.agents and policy.agents != self.pool.agent_names:
-            raise ArtifactError(
-                f"version {policy.version} was trained for agents {list(policy.agents)}, the "
-                f"pool has {list(self.pool.agent_names)}"
-            )
-
     def _episodes(self, policy: TwinPolicy, slots: int, cases: Sequence[TwinCase]) -> list[Episode]:
         """``cases`` (all ``slots`` wide) run to their ends in lock-step."""
         named = _unique_names(c.task for c in cases)
@@ -268,8 +271,9 @@ class TwinEvaluator:
             min(self.batch, len(cases)),
             list(named.values()),
             self.pool,
-            policy.env_config(slots),
+            replace(policy.env_config(slots), feed_stats=False),
             true_pool=self.true_pool,
+            stats=self.stats,
         )
         jobs = [Job(named[c.task], c.seed) for c in cases]
         if policy.rule is not None:

@@ -2,18 +2,22 @@
 
 Every backend (in-process torch, a KServe-V2 server, Triton on GPUs) runs the same function::
 
-    subtask_features  float32 [batch, n_subtasks, F]   one token per subtask
-    subtask_mask      bool    [batch, n_subtasks]      True where the slot holds a subtask
-    global_features   float32 [batch, G]               clock, capacity, running executions
-    action_mask       bool    [batch, A]               A = n_subtasks · K + 2 (K per subtask,
-                                                       then WAIT and FINISH)
+    subtask_features  float32 [batch, n_subtasks, F]            one token per subtask
+    subtask_mask      bool    [batch, n_subtasks]               True where the slot holds one
+    global_features   float32 [batch, G]                        clock, capacity, running table
+    pair_features     float32 [batch, n_subtasks, n_agents, P]  one row per (subtask, agent)
+    action_mask       bool    [batch, N]                        N = n_subtasks · n_agents · 3 + 2
+                                                                (START per subtask, agent and
+                                                                split, then WAIT and FINISH)
     ->
-    logits            float32 [batch, A]               invalid entries a large negative number
-    value             float32 [batch]                  V(s)
+    logits            float32 [batch, N]                        invalid entries a large
+                                                                negative number
+    value             float32 [batch]                           V(s)
 
-``batch`` and ``n_subtasks`` are dynamic (``A`` follows ``n_subtasks``), so one exported file
-serves tasks of any size. This module is numpy-only: the MLServer adapter and the CLI use it
-without torch.
+``batch``, ``n_subtasks`` and ``n_agents`` are dynamic (``N`` follows them), so one exported
+file serves tasks of any size on pools of any size: the network reads agents by their
+features, never by position. This module is numpy-only: the MLServer adapter and the CLI use
+it without torch.
 """
 
 from __future__ import annotations
@@ -23,10 +27,16 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from podium.envs.swarm.actions import CONTROL_ACTIONS
+from podium.envs.swarm.actions import CONTROL_ACTIONS, SPLIT_CHOICES, ActionCodec
 from podium.errors import PodiumError
 
-INPUT_NAMES = ("subtask_features", "subtask_mask", "global_features", "action_mask")
+INPUT_NAMES = (
+    "subtask_features",
+    "subtask_mask",
+    "global_features",
+    "pair_features",
+    "action_mask",
+)
 """Input tensor names, in the order of the module's ``forward`` arguments."""
 OUTPUT_NAMES = ("logits", "value")
 """Output tensor names, in the order ``forward`` returns them."""
@@ -42,23 +52,35 @@ class ObservationError(PodiumError):
 
 @dataclass(frozen=True, slots=True)
 class PolicySignature:
-    """The sizes that are fixed for a given policy network (everything but batch and subtasks)."""
+    """The sizes that are fixed for a given policy network (everything but batch, subtasks and
+    agents)."""
 
     subtask_features: int
     """Features per subtask token F."""
     global_features: int
     """Global features G."""
-    actions_per_subtask: int
-    """Actions per subtask K (agents × splits for the swarm environment)."""
+    pair_features: int
+    """Features per (subtask, agent) pair P."""
 
     def __post_init__(self) -> None:
-        for name in ("subtask_features", "global_features", "actions_per_subtask"):
+        for name in ("subtask_features", "global_features", "pair_features"):
             if getattr(self, name) < 1:
                 raise ObservationError(f"PolicySignature.{name} must be >= 1", field=name)
 
-    def n_actions(self, n_subtasks: int) -> int:
-        """``A = n_subtasks · K + 2``: the flat action count for a task of ``n_subtasks``."""
-        return n_subtasks * self.actions_per_subtask + CONTROL_ACTIONS
+    def n_actions(self, n_subtasks: int, n_agents: int) -> int:
+        """``N = n_subtasks · n_agents · 3 + 2``: the flat action count of a task of
+        ``n_subtasks`` on a pool of ``n_agents``."""
+        return n_subtasks * n_agents * SPLIT_CHOICES + CONTROL_ACTIONS
+
+
+_DTYPES = {
+    "subtask_features": np.float32,
+    "subtask_mask": np.bool_,
+    "global_features": np.float32,
+    "pair_features": np.float32,
+    "action_mask": np.bool_,
+}
+"""Every input's dtype, in :data:`INPUT_NAMES` order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +93,10 @@ class PolicyInputs:
     """``[batch, n_subtasks]`` bool."""
     global_features: NDArray[np.float32]
     """``[batch, G]`` float32."""
+    pair_features: NDArray[np.float32]
+    """``[batch, n_subtasks, n_agents, P]`` float32."""
     action_mask: NDArray[np.bool_]
-    """``[batch, n_subtasks · K + 2]`` bool."""
+    """``[batch, n_subtasks · n_agents · 3 + 2]`` bool."""
 
     @property
     def batch(self) -> int:
@@ -84,19 +108,20 @@ class PolicyInputs:
         """Subtask slots per observation."""
         return int(self.subtask_features.shape[1])
 
+    @property
+    def n_agents(self) -> int:
+        """Agents of the pool the observations were made on (0 if ``pair_features`` is not
+        4-dimensional; :meth:`validate` names that)."""
+        shape = np.shape(self.pair_features)
+        return int(shape[2]) if len(shape) == 4 else 0
+
     def arrays(self) -> dict[str, NDArray[np.generic]]:
         """Name -> array, in :data:`INPUT_NAMES` order."""
         return {name: getattr(self, name) for name in INPUT_NAMES}
 
     def validate(self, signature: PolicySignature) -> None:
         """Raise :class:`ObservationError` naming the first tensor that does not fit."""
-        expected_dtypes = {
-            "subtask_features": np.float32,
-            "subtask_mask": np.bool_,
-            "global_features": np.float32,
-            "action_mask": np.bool_,
-        }
-        for name, dtype in expected_dtypes.items():
+        for name, dtype in _DTYPES.items():
             arr = getattr(self, name)
             if not isinstance(arr, np.ndarray):
                 raise ObservationError(f"{name} must be a numpy array", field=name)
@@ -114,16 +139,29 @@ class PolicyInputs:
         b, s = self.batch, self.n_subtasks
         if b < 1:
             raise ObservationError("the batch is empty", field="subtask_features")
+        pf = self.pair_features
+        if pf.ndim != 4 or pf.shape[:2] != (b, s) or pf.shape[3] != signature.pair_features:
+            raise ObservationError(
+                f"pair_features has shape {pf.shape}, expected [{b}, {s}, n_agents, "
+                f"{signature.pair_features}] for batch {b} and {s} subtasks",
+                field="pair_features",
+            )
+        a = self.n_agents
+        if a < 1:
+            raise ObservationError(
+                "pair_features has no agents (the pool is empty)", field="pair_features"
+            )
         shapes = {
             "subtask_mask": (b, s),
             "global_features": (b, signature.global_features),
-            "action_mask": (b, signature.n_actions(s)),
+            "action_mask": (b, signature.n_actions(s, a)),
         }
         for name, shape in shapes.items():
             actual = tuple(getattr(self, name).shape)
             if actual != shape:
                 raise ObservationError(
-                    f"{name} has shape {actual}, expected {shape} for batch {b} and {s} subtasks",
+                    f"{name} has shape {actual}, expected {shape} for batch {b}, {s} subtasks "
+                    f"and {a} agents",
                     field=name,
                 )
         if not self.action_mask.any(axis=1).all():
@@ -151,19 +189,25 @@ def random_inputs(
     batch: int,
     n_subtasks: int,
     rng: np.random.Generator,
+    *,
+    n_agents: int = 3,
 ) -> PolicyInputs:
     """Random but well-formed observations (parity tests, benchmarks, export tracing).
 
     Each row has between one and all subtask slots present and a random action mask with WAIT
-    always valid, as in the environment (waiting is always allowed while work runs).
+    always valid, as in the environment (waiting is always allowed while work runs). Pair
+    features are standard normal, so about a third of the pairs read as ``can_do``.
     """
-    if batch < 1 or n_subtasks < 1:
-        raise ObservationError(f"batch ({batch}) and n_subtasks ({n_subtasks}) must be >= 1")
+    if batch < 1 or n_subtasks < 1 or n_agents < 1:
+        raise ObservationError(
+            f"batch ({batch}), n_subtasks ({n_subtasks}) and n_agents ({n_agents}) must be >= 1"
+        )
     features = rng.standard_normal((batch, n_subtasks, signature.subtask_features))
     present = rng.integers(1, n_subtasks + 1, size=batch)
     subtask_mask = np.arange(n_subtasks)[None, :] < present[:, None]
     globals_ = rng.standard_normal((batch, signature.global_features))
-    k = signature.actions_per_subtask
+    pairs = rng.standard_normal((batch, n_subtasks, n_agents, signature.pair_features))
+    k = n_agents * SPLIT_CHOICES
     starts = (rng.random((batch, n_subtasks, k)) < 0.5) & subtask_mask[:, :, None]
     control = np.ones((batch, CONTROL_ACTIONS), dtype=bool)
     control[:, 1] = rng.random(batch) < 0.5  # FINISH valid only sometimes
@@ -172,6 +216,7 @@ def random_inputs(
         subtask_features=np.ascontiguousarray(features, dtype=np.float32),
         subtask_mask=np.ascontiguousarray(subtask_mask),
         global_features=np.ascontiguousarray(globals_, dtype=np.float32),
+        pair_features=np.ascontiguousarray(pairs, dtype=np.float32),
         action_mask=np.ascontiguousarray(action_mask),
     )
 
@@ -200,7 +245,7 @@ def render_policy_config(
     """
     if max_batch_size < 1:
         raise ObservationError("max_batch_size must be >= 1 (the policy batches on axis 0)")
-    f, g = signature.subtask_features, signature.global_features
+    f, g, p = signature.subtask_features, signature.global_features, signature.pair_features
     kind = "KIND_GPU" if gpu else "KIND_CPU"
     lines = [
         f'name: "{name}"',
@@ -211,13 +256,14 @@ def render_policy_config(
         f'  {{ name: "subtask_features" data_type: TYPE_FP32 dims: [ -1, {f} ] }},',
         '  { name: "subtask_mask" data_type: TYPE_BOOL dims: [ -1 ] },',
         f'  {{ name: "global_features" data_type: TYPE_FP32 dims: [ {g} ] }},',
+        f'  {{ name: "pair_features" data_type: TYPE_FP32 dims: [ -1, -1, {p} ] }},',
         '  { name: "action_mask" data_type: TYPE_BOOL dims: [ -1 ] }',
         "]",
         "output [",
         '  { name: "logits" data_type: TYPE_FP32 dims: [ -1 ] },',
         '  { name: "value" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } }',
         "]",
-        "# Requests with the same number of subtasks are batched together on the server.",
+        "# Requests with the same numbers of subtasks and agents are batched together.",
         f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}",
         f"instance_group [ {{ count: {instances} kind: {kind} }} ]",
     ]
@@ -243,36 +289,42 @@ def render_policy_config(
 
 
 def stack_padded(batches: list[PolicyInputs], signature: PolicySignature) -> PolicyInputs:
-    """Concatenate observation batches of different task sizes into one padded batch.
+    """Concatenate observation batches of different task and pool sizes into one padded batch.
 
-    Many sessions decide at once but their tasks differ in size; one call for all of them needs
-    one ``n_subtasks``. Shorter rows are padded with absent subtasks (``subtask_mask`` False,
-    features zero) whose actions are all invalid, and their WAIT/FINISH entries move to the end
-    of the padded layout. The network ignores absent subtasks (masked attention), so a padded
-    row decides as it would alone; :func:`unstack_padded` maps the outputs back.
+    Many sessions decide at once but their tasks differ in size, and their pools may too; one
+    call for all of them needs one ``n_subtasks`` and one ``n_agents``. Shorter rows are padded
+    with absent subtasks (``subtask_mask`` False, features zero) and absent agents (pair rows
+    zero, so ``can_do`` 0), whose actions are all invalid; each START keeps its (subtask,
+    agent, split) at the padded layout's index, and WAIT/FINISH move to the end. The network
+    ignores absent subtasks (masked attention) and absent agents (its cross-agent mean reads
+    only agents that can do a subtask), so a padded row decides as it would alone;
+    :func:`unstack_padded` maps the outputs back.
     """
     if not batches:
         raise ObservationError("stack_padded needs at least one batch")
     for b in batches:
         b.validate(signature)
     s_max = max(b.n_subtasks for b in batches)
-    k = signature.actions_per_subtask
+    a_max = max(b.n_agents for b in batches)
     rows = sum(b.batch for b in batches)
     features = np.zeros((rows, s_max, signature.subtask_features), dtype=np.float32)
     subtask_mask = np.zeros((rows, s_max), dtype=bool)
-    action_mask = np.zeros((rows, signature.n_actions(s_max)), dtype=bool)
+    pairs = np.zeros((rows, s_max, a_max, signature.pair_features), dtype=np.float32)
+    action_mask = np.zeros((rows, signature.n_actions(s_max, a_max)), dtype=bool)
+    padded = ActionCodec(s_max, a_max)
     r = 0
     for b in batches:
-        s, n = b.n_subtasks, b.batch
+        s, a, n = b.n_subtasks, b.n_agents, b.batch
         features[r : r + n, :s] = b.subtask_features
         subtask_mask[r : r + n, :s] = b.subtask_mask
-        action_mask[r : r + n, : s * k] = b.action_mask[:, : s * k]
-        action_mask[r : r + n, s_max * k :] = b.action_mask[:, s * k :]
+        pairs[r : r + n, :s, :a] = b.pair_features
+        ActionCodec(s, a).translate_mask_to(b.action_mask, padded, out=action_mask[r : r + n])
         r += n
     return PolicyInputs(
         subtask_features=features,
         subtask_mask=subtask_mask,
         global_features=np.concatenate([b.global_features for b in batches]),
+        pair_features=pairs,
         action_mask=action_mask,
     )
 
@@ -281,14 +333,22 @@ def unstack_padded(
     outputs: PolicyOutputs, batches: list[PolicyInputs], signature: PolicySignature
 ) -> list[PolicyOutputs]:
     """Split the outputs of a :func:`stack_padded` batch back into each batch's own layout."""
-    k = signature.actions_per_subtask
-    s_max = (outputs.logits.shape[1] - CONTROL_ACTIONS) // k
+    s_max = max(b.n_subtasks for b in batches)
+    a_max = max(b.n_agents for b in batches)
+    expected = (sum(b.batch for b in batches), signature.n_actions(s_max, a_max))
+    if tuple(outputs.logits.shape) != expected:
+        raise ObservationError(
+            f"logits have shape {tuple(outputs.logits.shape)}, expected {expected} for the "
+            "stacked batches",
+            field="logits",
+        )
+    padded = ActionCodec(s_max, a_max)
     out: list[PolicyOutputs] = []
     r = 0
     for b in batches:
-        s, n = b.n_subtasks, b.batch
-        rows = outputs.logits[r : r + n]
-        logits = np.concatenate([rows[:, : s * k], rows[:, s_max * k :]], axis=1)
+        n = b.batch
+        own = ActionCodec(b.n_subtasks, b.n_agents)
+        logits = padded.translate_mask_to(outputs.logits[r : r + n], own)
         out.append(PolicyOutputs(logits, outputs.value[r : r + n], outputs.version))
         r += n
     return out

@@ -30,7 +30,6 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from podium.envs.swarm.actions import CONTROL_ACTIONS
 from podium.errors import ArtifactError
 from podium.serving.contract import (
     INPUT_NAMES,
@@ -77,31 +76,22 @@ def torch_forward(module: nn.Module, inputs: PolicyInputs) -> tuple[np.ndarray, 
     return logits.numpy().astype(np.float32), value.numpy().astype(np.float32)
 
 
-def swarm_signature(layout: ObservationLayout, n_actions: int) -> PolicySignature:
-    """The serving signature of a swarm environment's observation layout.
-
-    ``n_actions`` is the environment's full action count (``S · K + 2`` for ``S`` slots), from
-    which the per-subtask action count ``K`` follows without hard-coding the split choices.
-    """
-    k, rest = divmod(n_actions - CONTROL_ACTIONS, layout.max_subtasks)
-    if rest or k < 1:
-        raise ArtifactError(
-            f"{n_actions} actions do not split into {layout.max_subtasks} slots plus "
-            f"{CONTROL_ACTIONS} control actions"
-        )
+def swarm_signature(layout: ObservationLayout) -> PolicySignature:
+    """The serving signature of a swarm environment's observation layout: its slot, global
+    token and pair widths, none of which depends on the pool (agents are a dynamic axis)."""
     return PolicySignature(
         subtask_features=layout.slot_features,
         global_features=layout.global_token_features,
-        actions_per_subtask=k,
+        pair_features=layout.pair_features,
     )
 
 
 def default_swarm_signature() -> PolicySignature:
-    """Signature of the swarm environment with the shipped default pool (the committed config)."""
+    """Signature of the swarm environment's default layout (the committed config): any pool's,
+    since no width depends on the pool."""
     from podium.envs.swarm import SwarmEnv, default_tasks
 
-    env = SwarmEnv(default_tasks()[0])
-    return swarm_signature(env.layout, env.codec.size)
+    return swarm_signature(SwarmEnv(default_tasks()[0]).layout)
 
 
 def onnx_session(path: Path, threads: int = 1) -> ort.InferenceSession:
@@ -187,8 +177,10 @@ def export_policy(
 ) -> ExportedModel:
     """Export ``module`` as version ``version`` of ``model_name`` into ``repository``.
 
-    ``module.forward(subtask_features, subtask_mask, global_features, action_mask)`` must
-    return ``(logits, value)`` (see :mod:`podium.serving.contract`). Versions are immutable:
+    ``module.forward(subtask_features, subtask_mask, global_features, pair_features,
+    action_mask)`` must return ``(logits, value)`` (see :mod:`podium.serving.contract`); the
+    batch, subtask and agent axes are exported dynamic, and the check runs on other sizes of
+    all three than the traced ones. Versions are immutable:
     exporting over an existing ``model.onnx`` raises :class:`ArtifactError`.
     """
     if version < 1:
@@ -209,12 +201,13 @@ def export_policy(
     was_training = module.training
     module.eval()
     rng = np.random.default_rng(seed)
-    trace = random_inputs(signature, batch=2, n_subtasks=3, rng=rng)
+    trace = random_inputs(signature, batch=2, n_subtasks=3, rng=rng, n_agents=2)
     args = tuple(torch.from_numpy(a) for a in trace.arrays().values())
     dynamic_axes = {
         "subtask_features": {0: "batch", 1: "n_subtasks"},
         "subtask_mask": {0: "batch", 1: "n_subtasks"},
         "global_features": {0: "batch"},
+        "pair_features": {0: "batch", 1: "n_subtasks", 2: "n_agents"},
         "action_mask": {0: "batch", 1: "n_actions"},
         "logits": {0: "batch", 1: "n_actions"},
         "value": {0: "batch"},
@@ -242,7 +235,7 @@ def export_policy(
             onnx.checker.check_model(str(tmp), full_check=True)
         except Exception as exc:
             raise ArtifactError(f"{final}: exported graph fails onnx.checker: {exc}") from None
-        check = random_inputs(signature, batch=5, n_subtasks=7, rng=rng)
+        check = random_inputs(signature, batch=5, n_subtasks=7, rng=rng, n_agents=5)
         session = onnx_session(tmp)
         got = session.run(list(OUTPUT_NAMES), check.arrays())
         want = torch_forward(module, check)
@@ -250,7 +243,7 @@ def export_policy(
         if not error <= EXPORT_TOLERANCE:
             raise ArtifactError(
                 f"{final}: onnxruntime differs from torch by {error:.3g} "
-                f"(> {EXPORT_TOLERANCE}) on batch 5 x 7 subtasks; not publishing it"
+                f"(> {EXPORT_TOLERANCE}) on batch 5 x 7 subtasks x 5 agents; not publishing it"
             )
         os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, final)
@@ -265,7 +258,7 @@ def export_policy(
 def main(argv: list[str] | None = None) -> int:
     """``python -m podium.serving.export ensure-config --repository DIR [--model NAME]``.
 
-    Writes (or checks) the model's ``config.pbtxt`` for the swarm environment's default pool:
+    Writes (or checks) the model's ``config.pbtxt`` for the swarm environment (any pool):
     what the Triton Deployment's init container runs on a fresh model volume.
     """
     import argparse

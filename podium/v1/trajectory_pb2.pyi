@@ -235,10 +235,12 @@ class Decision(_message.Message):
     observation_tensor: _builtins.bytes
     """The observation the decision was made on, for training; empty when not recorded.
     zlib (RFC 1950) of the observation's values as little-endian float32. For a swarm task of
-    n subtasks: the task's n slot rows row-major (n x F features), then the global token (the
-    globals, then the running-executions table: G features), i.e. the environment's
-    observation without its padding slot rows; F and G are the policy's subtask_features and
-    global_features.
+    n subtasks on a pool of A agents (A = the length of Trajectory.agents; when empty, the
+    reader's configured pool): the task's n slot rows row-major (n x F features), then the
+    global token (the globals, then the running-executions table: G features), then the n x A
+    (slot, agent) pair rows, slot-major then agent (n x A x P features), i.e. the
+    environment's observation without its padding slots; F, G and P are the policy's
+    subtask_features, global_features and pair_features (none depends on the pool).
     """
     action_mask: _builtins.bytes
     """The valid actions the decision was made under, for training; empty when not recorded.
@@ -404,6 +406,7 @@ class Trajectory(_message.Message):
     ARM_FIELD_NUMBER: _builtins.int
     REVIEWS_FIELD_NUMBER: _builtins.int
     REVIEW_WAIT_S_FIELD_NUMBER: _builtins.int
+    AGENTS_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     """Unique id (equals the session id for live sessions)."""
     session_id: _builtins.str
@@ -470,6 +473,15 @@ class Trajectory(_message.Message):
     def reviews(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReviewRecord]:
         """Human reviews of its sensitive subtasks, in request order."""
 
+    @_builtins.property
+    def agents(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Names of the pool's agents in the order of the action layout's agent axis (A of the
+        decisions' tensors and START indices). A policy reads agents by their features, not their
+        position, so trajectories of different pools train one policy; the learner needs A to
+        decode them. Empty on trajectories written before pools were mixed (then the pool is the
+        learner's configured one).
+        """
+
     def __init__(
         self,
         *,
@@ -494,10 +506,11 @@ class Trajectory(_message.Message):
         arm: Global___Arm | None = ...,
         reviews: _abc.Iterable[Global___ReviewRecord] | None = ...,
         review_wait_s: _builtins.float = ...,
+        agents: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["arm", b"arm", "baseline", b"baseline", "ended_at", b"ended_at", "started_at", b"started_at", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arm", b"arm", "baseline", b"baseline", "claimed_success", b"claimed_success", "completed", b"completed", "decisions", b"decisions", "ended_at", b"ended_at", "env", b"env", "executions", b"executions", "labels", b"labels", "latency", b"latency", "loop_detected", b"loop_detected", "lower_bound", b"lower_bound", "policy_version", b"policy_version", "review_wait_s", b"review_wait_s", "reviews", b"reviews", "session_id", b"session_id", "started_at", b"started_at", "task", b"task", "test_coverage", b"test_coverage", "trajectory_id", b"trajectory_id", "verifier_present", b"verifier_present"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "arm", b"arm", "baseline", b"baseline", "claimed_success", b"claimed_success", "completed", b"completed", "decisions", b"decisions", "ended_at", b"ended_at", "env", b"env", "executions", b"executions", "labels", b"labels", "latency", b"latency", "loop_detected", b"loop_detected", "lower_bound", b"lower_bound", "policy_version", b"policy_version", "review_wait_s", b"review_wait_s", "reviews", b"reviews", "session_id", b"session_id", "started_at", b"started_at", "task", b"task", "test_coverage", b"test_coverage", "trajectory_id", b"trajectory_id", "verifier_present", b"verifier_present"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -4,6 +4,12 @@ Runs every policy (sequential always, as the reference) for N seeded episodes pe
 prints a table and writes JSON of the shape documented in ``docs/specs.md``. ``learned`` in
 ``--policies`` evaluates a trained orchestrator policy loaded from ``--checkpoint``; torch is
 imported only then, so the rule-engine benchmark stays quick to start.
+
+``--true-pool FILE`` (or a ``--pool`` file carrying ``true:`` profiles) makes the simulated
+sub-agents behave otherwise than advertised: every policy reads ``--pool``'s advertisement,
+outcomes are drawn from the truth. ``planner`` is the rollout planner on the true model, a
+reference line that reads the truth; ``cpls-online`` reads profiles estimated from each
+policy's own statistics store, warmed by ``--warmup`` cpls episodes per task.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +25,15 @@ from rich.console import Console
 from rich.table import Table
 
 from podium.envs.swarm.baselines import BASELINES
-from podium.envs.swarm.benchmark import bench_scheduling
+from podium.envs.swarm.benchmark import PLANNER, bench_scheduling
 from podium.envs.swarm.scheduling import SchedulingPolicy
-from podium.envs.swarm.spec import default_pool, default_tasks_dir, load_pool, load_tasks
+from podium.envs.swarm.spec import (
+    check_true_pool,
+    default_pool,
+    default_tasks_dir,
+    load_pool,
+    load_tasks,
+)
 from podium.errors import ArtifactError, ConfigError, PodiumError
 
 PROG = "podium bench scheduling"
@@ -29,19 +42,28 @@ LEARNED = "learned"
 """Policy name of the trained network given by ``--checkpoint``."""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum``, else a message naming the value."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {v}")
+        return v
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _policies(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
-    known = {*BASELINES, LEARNED}
+    known = {*BASELINES, LEARNED, PLANNER}
     unknown = [p for p in names if p not in known]
     if not names or unknown:
         raise argparse.ArgumentTypeError(
@@ -86,13 +108,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="task spec file or directory of them (default: the shipped library)",
     )
-    parser.add_argument("--pool", metavar="FILE", help="pool spec (default: the shipped pool)")
+    parser.add_argument(
+        "--pool",
+        metavar="FILE",
+        help="pool spec the policies read (default: the shipped pool); its agents' true: "
+        "profiles, if any, are what the simulated sub-agents really do",
+    )
+    parser.add_argument(
+        "--true-pool",
+        metavar="FILE",
+        help="pool spec with the same agents as --pool giving how they truly behave: the "
+        "simulator draws outcomes from it, every policy but the planner reads --pool",
+    )
     parser.add_argument(
         "--policies",
         type=_policies,
         default=["sequential", "greedy", "cpls"],
-        help=f"comma-separated policies among {', '.join(sorted({*BASELINES, LEARNED}))} "
-        f"(sequential always runs as the reference; {LEARNED} needs --checkpoint)",
+        help=f"comma-separated policies among {', '.join(sorted({*BASELINES, LEARNED, PLANNER}))}"
+        f" (sequential always runs as the reference; {LEARNED} needs --checkpoint; {PLANNER} "
+        "is the rollout planner on the true model, a reference line that reads the truth)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=_non_negative_int,
+        default=10,
+        help="with a policy that reads the statistics store (cpls-online, learned): cpls "
+        "episodes per task on the true pool that warm up each policy's store (default 10)",
     )
     parser.add_argument(
         "--checkpoint",
@@ -110,14 +151,28 @@ def run(args: argparse.Namespace) -> int:
     try:
         extra = _learned_policies(args)  # first: a bad checkpoint fails before any work
         pool = load_pool(args.pool) if args.pool else default_pool()
+        true_pool = load_pool(args.true_pool) if args.true_pool else None
+        if true_pool is not None:  # here too, so the message names the file
+            check_true_pool(pool, true_pool.true_spec(), source=f"--true-pool {args.true_pool}")
         tasks = load_tasks(args.tasks or default_tasks_dir(), pool)
-        result = bench_scheduling(tasks, pool, args.policies, args.episodes, args.seed, extra=extra)
+        result = bench_scheduling(
+            tasks,
+            pool,
+            args.policies,
+            args.episodes,
+            args.seed,
+            extra=extra,
+            true_pool=true_pool,
+            warmup=args.warmup,
+        )
     except PodiumError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     config: dict[str, Any] = result["config"]
     if LEARNED in extra:
         config["checkpoint"] = str(args.checkpoint)
+    if args.true_pool:
+        config["true_pool"] = str(args.true_pool)
     names = config["policies"]
     table = Table(title=f"Scheduling on {len(tasks)} tasks, {args.episodes} episodes each")
     table.add_column("task")

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +45,8 @@ TARGET_SERVED_P99_MS = 5.0
 """Acceptance target: served p99 latency at batch 1, milliseconds."""
 TARGET_SERVED_BATCHED_PER_S = 1000.0
 """Acceptance target: served decisions per second, batched."""
+DEFAULT_AGENTS = 9
+"""Agents per observation by default: the shipped default pool's size."""
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "v2server.sh"
 """The project script that runs a private V2 server when none is given."""
 
@@ -74,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per phase")
     parser.add_argument("--batch", type=int, default=64, help="observations per batched call")
     parser.add_argument("--subtasks", type=int, default=20, help="subtasks per observation")
+    parser.add_argument(
+        "--agents",
+        type=int,
+        default=DEFAULT_AGENTS,
+        help=f"agents in the pool of each observation (default {DEFAULT_AGENTS}: the shipped "
+        "default pool's size; the policy reads agents by features, so any count is served)",
+    )
     parser.add_argument(
         "--torch-threads",
         type=int,
@@ -163,11 +173,39 @@ def _row(t: Timing) -> dict[str, float]:
     return {"p50_ms": round(t.p50_ms, 4), "p99_ms": round(t.p99_ms, 4), "per_s": round(t.per_s, 1)}
 
 
+def _valid(args: argparse.Namespace) -> bool:
+    """Whether the numeric arguments are in range."""
+    return bool(
+        args.seconds > 0
+        and args.batch >= 2
+        and args.subtasks >= 1
+        and args.agents >= 1
+        and args.torch_threads >= 1
+    )
+
+
+def _policy(signature: PolicySignature, seed: int) -> Any:
+    """A freshly initialised default-size policy network for ``signature`` (eval mode)."""
+    import torch
+
+    from podium.policy.network import NetworkConfig, SwarmPolicyNet
+
+    torch.manual_seed(seed)
+    return SwarmPolicyNet(
+        NetworkConfig(
+            slot_features=signature.subtask_features,
+            global_features=signature.global_features,
+            pair_features=signature.pair_features,
+        )
+    ).eval()
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the four phases; 0 if the served targets are met, 1 if not, 2 on bad input."""
-    if args.seconds <= 0 or args.batch < 2 or args.subtasks < 1 or args.torch_threads < 1:
+    if not _valid(args):
         print(
-            f"{PROG}: need --seconds > 0, --batch >= 2, --subtasks >= 1, --torch-threads >= 1",
+            f"{PROG}: need --seconds > 0, --batch >= 2, --subtasks >= 1, --agents >= 1, "
+            "--torch-threads >= 1",
             file=sys.stderr,
         )
         return 2
@@ -177,22 +215,15 @@ def run(args: argparse.Namespace) -> int:
     # other core is taken, its spin-wait barrier makes a 1 ms forward take tens of ms.
     torch.set_num_threads(args.torch_threads)
 
-    from podium.policy.network import NetworkConfig, SwarmPolicyNet
     from podium.serving.export import default_swarm_signature, export_policy
 
     signature: PolicySignature = default_swarm_signature()
-    torch.manual_seed(args.seed)
-    net = SwarmPolicyNet(
-        NetworkConfig(
-            slot_features=signature.subtask_features,
-            global_features=signature.global_features,
-            num_agents=signature.actions_per_subtask // 3,
-        )
-    ).eval()
+    net = _policy(signature, args.seed)
     rng = np.random.default_rng(args.seed)
+    shape = {"n_subtasks": args.subtasks, "n_agents": args.agents}
     pools = {
-        "batch1": [random_inputs(signature, 1, args.subtasks, rng) for _ in range(64)],
-        "batched": [random_inputs(signature, args.batch, args.subtasks, rng) for _ in range(8)],
+        "batch1": [random_inputs(signature, 1, rng=rng, **shape) for _ in range(64)],
+        "batched": [random_inputs(signature, args.batch, rng=rng, **shape) for _ in range(8)],
     }
     results: dict[str, dict[str, Timing]] = {}
     try:
@@ -217,7 +248,8 @@ def run(args: argparse.Namespace) -> int:
         backend: {k: _row(t) for k, t in phases.items()} for backend, phases in results.items()
     }
     print(
-        f"policy decisions, {args.subtasks} subtasks/observation, batched = {args.batch}/call, "
+        f"policy decisions, {args.subtasks} subtasks x {args.agents} agents/observation, "
+        f"batched = {args.batch}/call, "
         f"{args.seconds:g} s per phase, torch threads {torch.get_num_threads()}"
     )
     print(f"{'':8} {'':8} {'p50 ms':>9} {'p99 ms':>9} {'decisions/s':>12} {'calls':>8}")

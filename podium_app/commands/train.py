@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -19,11 +20,23 @@ from rich.table import Table
 
 from podium.errors import PodiumError
 
+if TYPE_CHECKING:
+    from podium_app.train.config import TrainResult
+
+PROG = "podium train"
+
 
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -59,6 +72,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     parser.add_argument(
+        "--pool",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="your pool spec (JSON/YAML, docs/specs.md): the profiles its agents advertise, "
+        "and, when it carries true: profiles, how they really behave (the simulated "
+        "sub-agents draw from those; planners never see them). Default: the shipped pool",
+    )
+    parser.add_argument(
+        "--tasks",
+        type=Path,
+        metavar="DIR_OR_FILE",
+        default=None,
+        help="your task library (a directory of task specs, or one file), checked against "
+        "the pool; a hashed 20%% is held out for the final table (none with fewer than 10 "
+        "tasks). Default: generated suites over the pool's kinds",
+    )
+    parser.add_argument(
+        "--pool-variants",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="also train on N variants of the pool (renamed agents, other counts, true "
+        "profiles slower/flakier/better than advertised), each session on one pool drawn "
+        "uniformly (default 0)",
+    )
+    parser.add_argument(
         "--model-repository",
         type=Path,
         default=None,
@@ -75,7 +115,12 @@ def config_from_args(args: argparse.Namespace) -> object:
     from podium_app.train.config import TrainConfig
 
     cfg = TrainConfig(
-        run_dir=args.run_dir, bus=args.bus, seed=args.seed, model_repository=args.model_repository
+        run_dir=args.run_dir,
+        bus=args.bus,
+        seed=args.seed,
+        model_repository=args.model_repository,
+        pool=args.pool,
+        tasks=args.tasks,
     )
     if args.quick:
         cfg = replace(
@@ -102,6 +147,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         "suite_size": args.suite_size,
         "bc_epochs": args.bc_epochs,
         "test_suite_size": args.test_tasks,
+        "pool_variants": args.pool_variants,
     }
     return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -132,8 +178,63 @@ def set_aside_previous_run(run_dir: Path) -> Path | None:
     return target
 
 
+def check_inputs(args: argparse.Namespace) -> str | None:
+    """The one-line problem with ``--pool`` / ``--tasks`` (a missing or invalid file, a task
+    the pool cannot run, a flag that does not apply), or None: checked before anything else
+    happens, the previous run included."""
+    from podium_app.train.config import TrainConfig
+    from podium_app.train.suites import load_train_pool, task_suites
+
+    if args.tasks is not None:
+        for flag, value in (("--suite-size", args.suite_size), ("--test-tasks", args.test_tasks)):
+            if value is not None:
+                return (
+                    f"{flag} sizes the generated suites; with --tasks the tasks are your "
+                    f"files ({args.tasks}): drop {flag}"
+                )
+    try:
+        pool = load_train_pool(args.pool)
+    except PodiumError as exc:
+        return f"--pool: {exc}"
+    if args.tasks is None:
+        return None
+    try:
+        task_suites(TrainConfig(tasks=args.tasks), pool.advertised)
+    except PodiumError as exc:
+        return f"--tasks: {exc}"
+    return None
+
+
+def print_result(result: TrainResult) -> None:
+    """The held-out table, what the run trained on, and where its files are (stdout)."""
+    from podium_app.train.report import headline
+
+    table = Table(
+        title=f"held-out tasks ({len(result.summary['tasks'])}), policy v{result.best_version}"
+    )
+    for col in ("policy", "latency/bound", "completion", "reduction vs sequential"):
+        table.add_column(col, justify="right")
+    for name, s in result.summary["summary"].items():
+        table.add_row(
+            name,
+            f"{s['ratio_to_bound_mean']:.3f}",
+            f"{s['completion_rate_mean']:.3f}",
+            f"{s['reduction_vs_sequential_mean']:.1%}",
+        )
+    Console().print(table)
+    print(f"trained on {headline(result.summary)}")
+    print(f"report: {result.run_dir / 'report.html'}  ({result.wall_s / 60:.1f} min)")
+    print(f"checkpoint: {result.best_checkpoint}")
+    print(f"tensorboard: tensorboard --logdir {result.run_dir / 'tb'}")
+
+
 def run(args: argparse.Namespace) -> int:
-    """Train, showing live progress on stderr, then print the held-out table."""
+    """Train, showing live progress on stderr, then print the held-out table; 2 with a line
+    naming the flag when ``--pool`` or ``--tasks`` is unusable."""
+    problem = check_inputs(args)
+    if problem is not None:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        return 2
     moved = set_aside_previous_run(args.run_dir)
     if moved is not None:
         print(f"previous run in {args.run_dir} moved to {moved}", file=sys.stderr)
@@ -193,20 +294,5 @@ def run(args: argparse.Namespace) -> int:
         except PodiumError as exc:
             console.print(f"[red]error:[/red] {exc}")
             return 1
-    table = Table(
-        title=f"held-out tasks ({len(result.summary['tasks'])}), policy v{result.best_version}"
-    )
-    for col in ("policy", "latency/bound", "completion", "reduction vs sequential"):
-        table.add_column(col, justify="right")
-    for name, s in result.summary["summary"].items():
-        table.add_row(
-            name,
-            f"{s['ratio_to_bound_mean']:.3f}",
-            f"{s['completion_rate_mean']:.3f}",
-            f"{s['reduction_vs_sequential_mean']:.1%}",
-        )
-    Console().print(table)
-    print(f"report: {result.run_dir / 'report.html'}  ({result.wall_s / 60:.1f} min)")
-    print(f"checkpoint: {result.best_checkpoint}")
-    print(f"tensorboard: tensorboard --logdir {result.run_dir / 'tb'}")
+    print_result(result)
     return 0

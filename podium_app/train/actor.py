@@ -9,11 +9,18 @@ the actor replay any session with a rule engine under the same luck: the rollout
 attaches to each trajectory (``Trajectory.baseline``). It follows ``PolicyUpdated`` on the bus
 and hot-swaps to each version after verifying it (signed by the run's own key, hashed, newer),
 exactly as orchestrator_svc does.
+
+A run may mix pools (``--pool-variants``): the actor then holds one set of environments per
+pool (pool 0 the user's, each with its own statistics store), and each session runs on the
+pool the driver drew for it (:func:`by_pool`: each pool's sessions in lock-step on its own
+environments, results in job order). The network reads agents by features, so one served
+version acts on every pool; its rollout baseline runs on the same pool.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,44 +46,66 @@ ServedPolicy = tuple[SwarmPolicyNet, tuple[str, ...]]
 class Actor:
     """Runs sessions with the served version; see the module docstring."""
 
-    def __init__(self, envs: list[SwarmEnv], seed: int, trusted: TrustedKeys | None) -> None:
-        """``trusted``: the run's public key (announcements signed by anything else, or by
+    def __init__(
+        self,
+        envs: list[SwarmEnv],
+        seed: int,
+        trusted: TrustedKeys | None,
+        *,
+        more_pools: Sequence[list[SwarmEnv]] = (),
+    ) -> None:
+        """``envs``: the base pool's environments (pool 0); ``more_pools``: the environments
+        of each further pool (pools 1, 2, ...; the training suite's pool variants).
+        ``trusted``: the run's public key (announcements signed by anything else, or by
         anything at all when None, are refused)."""
         self.envs = envs
+        self.pools: list[list[SwarmEnv]] = [envs, *more_pools]
         self.holder: PolicyHolder[ServedPolicy] = PolicyHolder(build_swarm_policy, trusted)
         self.generator = torch.Generator().manual_seed(seed)
 
-    def agent(self) -> tuple[int, SwarmAgent]:
-        """The served version and an agent acting with it (refusing another pool's policy)."""
+    def agent(self, pool: int = 0) -> tuple[int, SwarmAgent]:
+        """The served version and an agent acting with it on pool ``pool``'s environments."""
         served = self.holder.current()
-        net, agents = served.policy
-        if tuple(self.envs[0].layout.agents) != agents:
-            raise PodiumError(f"policy v{served.version} was trained for another pool: {agents}")
-        return served.version, SwarmAgent(self.envs[0].layout, net=net)
+        net, _trained_for = served.policy
+        return served.version, SwarmAgent(self.pools[pool][0].layout, net=net)
 
     def run(
-        self, jobs: list[Job], *, greedy: bool = False, with_trajectories: bool = False
+        self,
+        jobs: list[Job],
+        *,
+        greedy: bool = False,
+        with_trajectories: bool = False,
+        pools: Sequence[int] | None = None,
     ) -> tuple[int, list[Episode], list[trajectory_pb2.Trajectory]]:
-        """Run ``jobs`` with the served version: (version, episodes, trajectories)."""
-        version, agent = self.agent()
-        eps, trajs = run_episodes(
-            self.envs,
-            jobs,
-            agent=agent,
-            greedy=greedy,
-            generator=self.generator,
-            policy_version=version,
-            with_trajectories=with_trajectories,
-        )
+        """Run ``jobs`` with the served version: (version, episodes, trajectories), in job
+        order. ``pools``: the pool of each job (default: all on pool 0)."""
+        version = self.holder.current().version
+
+        def one_pool(pool: int, mine: list[Job]) -> tuple[list[Episode], list[_Traj]]:
+            _, agent = self.agent(pool)
+            return run_episodes(
+                self.pools[pool],
+                mine,
+                agent=agent,
+                greedy=greedy,
+                generator=self.generator,
+                policy_version=version,
+                with_trajectories=with_trajectories,
+            )
+
+        eps, trajs = by_pool(jobs, pools, one_pool)
         return version, eps, trajs
 
     def sample(
-        self, jobs: list[Job], baseline_rule: str | None
+        self, jobs: list[Job], baseline_rule: str | None, pools: Sequence[int] | None = None
     ) -> tuple[list[Episode], list[trajectory_pb2.Trajectory]]:
         """Training sessions (sampled actions), each trajectory carrying ``baseline_rule``'s
-        return on the same (task, seed) when one is given."""
+        return on the same (task, seed, pool) when one is given. ``pools``: as for
+        :meth:`run`."""
         if baseline_rule:
-            reference, _ = run_episodes(self.envs, jobs, rule=baseline_rule)
+            reference, _ = by_pool(
+                jobs, pools, lambda p, mine: run_episodes(self.pools[p], mine, rule=baseline_rule)
+            )
             jobs = [
                 replace(
                     job,
@@ -88,8 +117,35 @@ class Actor:
                 )
                 for job, ref in zip(jobs, reference, strict=True)
             ]
-        _, eps, trajs = self.run(jobs, with_trajectories=True)
+        _, eps, trajs = self.run(jobs, with_trajectories=True, pools=pools)
         return eps, trajs
+
+
+_Traj = trajectory_pb2.Trajectory
+
+
+def by_pool(
+    jobs: Sequence[Job],
+    pools: Sequence[int] | None,
+    run: Callable[[int, list[Job]], tuple[list[Episode], list[_Traj]]],
+) -> tuple[list[Episode], list[_Traj]]:
+    """``run(pool, its jobs)`` once per pool that has jobs (each pool's sessions in lock-step
+    on its own environments), the results put back in job order. Trajectories, when ``run``
+    returns them, come back for every job or for none."""
+    if pools is None:
+        return run(0, list(jobs))
+    if len(pools) != len(jobs):
+        raise ValueError(f"{len(jobs)} jobs but {len(pools)} pool indices")
+    eps: list[Episode | None] = [None] * len(jobs)
+    trajs: list[_Traj | None] = [None] * len(jobs)
+    for pool in sorted(set(pools)):
+        idx = [i for i, p in enumerate(pools) if p == pool]
+        got, got_trajs = run(pool, [jobs[i] for i in idx])
+        for k, i in enumerate(idx):
+            eps[i] = got[k]
+            if got_trajs:
+                trajs[i] = got_trajs[k]
+    return [e for e in eps if e is not None], [t for t in trajs if t is not None]
 
 
 class VersionFollower:
@@ -138,4 +194,4 @@ async def publish_trajectories(
         await publisher.publish(topic, traj, key=traj.session_id)
 
 
-__all__ = ["Actor", "VersionFollower", "publish_trajectories"]
+__all__ = ["Actor", "VersionFollower", "by_pool", "publish_trajectories"]

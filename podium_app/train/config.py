@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from learner_svc.algorithms.swarm import SwarmPPOConfig
+from podium.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,30 @@ class TrainConfig:
     in this process) or ``kafka://HOST:PORT`` (each its own process, started by the driver)."""
     seed: int = 0
     """Seed of the task suite, the sessions and torch."""
+    pool: Path | None = None
+    """Pool spec file (``--pool``); None = the shipped default pool. Its ``kinds:`` are what
+    every planner sees (the advertisement); its ``true:`` profiles, when given, are what the
+    simulated sub-agents do (docs/specs.md)."""
+    tasks: Path | None = None
+    """Task spec directory or file (``--tasks``), checked against the pool; None = the seeded
+    generator's suites over the pool's kinds (``suite_size``, ``test_suite_size``)."""
+    pool_variants: int = 0
+    """Variants of the pool the actor also runs sessions on (``--pool-variants``; see
+    :func:`podium.envs.swarm.pools.pool_variants`): renamed, reshaped pools whose true
+    profiles differ from their advertisements (slower, flakier, better). Each training
+    session draws its pool uniformly from the base pool and the variants; validation and
+    the final table stay on the base pool, the one the policy is for. 0 = the base pool only."""
+    agent_stats: bool = True
+    """Each pool's sessions feed a statistics store of their own
+    (:class:`podium.observed.AgentStats`, recorded at each session's end) whose estimates the
+    observation reads, as orchestrator_svc's store does in production; off, every estimate is
+    the advertisement."""
+    test_fraction: float = 0.2
+    """Share of a ``--tasks`` library held out for the final table (chosen by a hash of the
+    task names, never trained on)."""
+    min_tasks_to_hold_out: int = 10
+    """A ``--tasks`` library with fewer tasks holds nothing out: training, validation and the
+    final table all use every task (the report says the table then measures fit)."""
     suite_size: int = 400
     """Tasks generated for training + validation (shapes: chain, fan-out, diamond, layered)."""
     sizes: tuple[int, int] = (5, 60)
@@ -104,10 +129,24 @@ class TrainConfig:
     (``<repo>/swarm_policy/<version>/model.onnx``, announced as ``onnx_uri`` /
     ``onnx_sha256``); None = weights only."""
 
+    def __post_init__(self) -> None:
+        """ConfigError naming the setting for values the run could not honour."""
+        if self.pool_variants < 0:
+            raise ConfigError(f"pool_variants must be >= 0, got {self.pool_variants}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.min_tasks_to_hold_out < 3:
+            raise ConfigError(
+                "min_tasks_to_hold_out must be >= 3 (a training, a validation and a test "
+                f"task), got {self.min_tasks_to_hold_out}"
+            )
+
     def to_json(self) -> dict[str, Any]:
         """Plain values for the run's config.json."""
         d = asdict(self)
         d["run_dir"] = str(self.run_dir)
+        d["pool"] = str(self.pool) if self.pool else None
+        d["tasks"] = str(self.tasks) if self.tasks else None
         d["model_repository"] = str(self.model_repository) if self.model_repository else None
         return d
 

@@ -25,7 +25,14 @@ swarm algorithm in both.
    announces them; the actor verifies and hot-swaps to them before its next batch (policy lag
    0).
 3. A curriculum grows the task sizes; a validation split chooses the best version; the final
-   table compares it with the rule engines on held-out tasks of the shipped generator.
+   table compares it with the rule engines on held-out tasks.
+
+What it trains on (:mod:`podium_app.train.suites`): the user's pool (``--pool``; planners see
+its advertised profiles, the simulated sub-agents draw from its ``true:`` ones when given) or
+the shipped one, optionally mixed with variants of it (``--pool-variants``: every training
+session draws its pool); the user's task library (``--tasks``, a hashed part held out) or
+generated suites over the pool's kinds. Validation and the final table run on the user's
+pool; the report and ``summary.json`` name the pool and the tasks.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,21 +52,24 @@ import torch
 
 from learner_svc.algorithms.swarm import behaviour_cloning
 from podium.bus import Bus, EventPublisher, connect, is_kafka_url
-from podium.envs.swarm import EnvConfig, PoolSpec, SwarmEnv, TaskSpec, default_pool
-from podium.envs.swarm.generator import GENERALIST_ONLY_KINDS, generate_suite, held_out_split
+from podium.envs.swarm import EnvConfig, SwarmEnv
 from podium.errors import PodiumError
+from podium.observed import AgentStats
 from podium.policy.agent import SwarmAgent
 from podium.policy.artifacts import path_from_uri
+from podium.policy.decisions import Episode
 from podium.policy.holder import PolicyHolder
+from podium.policy.network import SwarmPolicyNet
 from podium.policy.rollout import Job, run_episodes
 from podium.policy.signing import TrustedKeys
 from podium.policy.swarm import build_swarm_policy, save_policy
 from podium.v1 import reward_pb2, trajectory_pb2
-from podium_app.train.actor import Actor, VersionFollower, publish_trajectories
+from podium_app.train.actor import Actor, VersionFollower, by_pool, publish_trajectories
 from podium_app.train.config import IterationLog, Progress, TrainConfig, TrainResult
 from podium_app.train.evaluate import (
     completion_rate,
     evaluate_policies,
+    pool_envs,
     ratio_to_bound,
     write_trajectories,
 )
@@ -69,18 +79,9 @@ from podium_app.train.services import (
     ProcessServices,
     run_key_pair,
 )
+from podium_app.train.suites import Suites, TrainPool, describe, task_suites, training_pools
 
 T = TypeVar("T")
-
-
-@dataclass(slots=True)
-class _Tasks:
-    """The run's task suites."""
-
-    train: list[TaskSpec]
-    validation: list[TaskSpec]
-    test: list[TaskSpec]
-    max_size: int
 
 
 @dataclass(slots=True)
@@ -97,8 +98,9 @@ class _Run:
     """One run of the job: its settings, environments, actor and services."""
 
     config: TrainConfig
-    tasks: _Tasks
-    pool: PoolSpec
+    tasks: Suites
+    pools: list[TrainPool]
+    """The base pool (index 0: validation and the final table run on it) and its variants."""
     env_cfg: EnvConfig
     envs: list[SwarmEnv]
     actor: Actor
@@ -108,6 +110,9 @@ class _Run:
     writer: Any
     say: Progress
     rng: np.random.Generator
+    pool_rng: np.random.Generator
+    """Draws each training session's pool (its own stream: the tasks and seeds drawn from
+    ``rng`` are the same with or without pool variants)."""
     t0: float = field(default_factory=time.perf_counter)
     val_jobs: list[Job] = field(default_factory=list)
     cpls_val_ratio: float = math.nan
@@ -131,22 +136,6 @@ class _Run:
                 )
 
 
-def _task_suites(config: TrainConfig) -> _Tasks:
-    suite = generate_suite(
-        config.suite_size,
-        seed=config.seed + 1,
-        sizes=config.sizes,
-        extra_kinds=GENERALIST_ONLY_KINDS,
-        extra_kind_p=config.extra_kind_p,
-    )
-    train_tasks, val_tasks = held_out_split(suite, config.validation_fraction, salt="val")
-    test_tasks = generate_suite(
-        config.test_suite_size, seed=config.seed + 10_007, sizes=config.test_sizes
-    )
-    max_size = max(len(t.subtasks) for t in [*suite, *test_tasks])
-    return _Tasks(train_tasks, val_tasks, test_tasks, max_size)
-
-
 def _cold_start(run: _Run) -> tuple[Path, list[dict[str, float]], trajectory_pb2.Trajectory]:
     """Behaviour cloning from cpls (and DAgger rounds if configured); the starting policy file,
     the cloning history, and one session of the untrained network (the "before" picture)."""
@@ -161,7 +150,7 @@ def _cold_start(run: _Run) -> tuple[Path, list[dict[str, float]], trajectory_pb2
         for _ in range(cfg.bc_demos_per_task)
         for t in tasks.train
     ]
-    demos, _ = run_episodes(run.envs, demo_jobs, rule="cpls")
+    demos, _ = by_pool(demo_jobs, _draw_pools(run, len(demo_jobs)), _rule(run, "cpls"))
     cpls_val, _ = run_episodes(run.envs, run.val_jobs, rule="cpls")
     run.cpls_val_ratio, run.cpls_val_completion = (
         ratio_to_bound(cpls_val),
@@ -173,13 +162,10 @@ def _cold_start(run: _Run) -> tuple[Path, list[dict[str, float]], trajectory_pb2
         # DAgger: the cloned policy drives, cpls labels the states it reaches, and the policy is
         # cloned again on everything so far.
         dagger_jobs = [Job(t, int(run.rng.integers(1 << 31))) for t in tasks.train]
-        labelled, _ = run_episodes(
-            run.envs,
+        labelled, _ = by_pool(
             dagger_jobs,
-            agent=agent,
-            greedy=rnd % 2 == 0,
-            teacher="cpls",
-            generator=run.actor.generator,
+            _draw_pools(run, len(dagger_jobs)),
+            _learned(run, agent.net, greedy=rnd % 2 == 0, teacher="cpls"),
         )
         agreement = float(
             np.mean(
@@ -214,11 +200,44 @@ async def _validate(run: _Run, log: IterationLog, event: reward_pb2.PolicyUpdate
         run.best = _Best(log.val_ratio, log.version, event)
 
 
+def _draw_pools(run: _Run, n: int) -> list[int] | None:
+    """The pool of each of ``n`` training sessions, uniform over the base pool and its
+    variants; None (all on the base pool, nothing drawn) without variants."""
+    if len(run.pools) == 1:
+        return None
+    return [int(p) for p in run.pool_rng.integers(len(run.pools), size=n)]
+
+
+def _rule(
+    run: _Run, rule: str
+) -> Callable[[int, list[Job]], tuple[list[Episode], list[trajectory_pb2.Trajectory]]]:
+    """A :func:`by_pool` runner of rule engine ``rule`` on the actor's pools."""
+    return lambda p, mine: run_episodes(run.actor.pools[p], mine, rule=rule)
+
+
+def _learned(
+    run: _Run, net: SwarmPolicyNet, *, greedy: bool, teacher: str
+) -> Callable[[int, list[Job]], tuple[list[Episode], list[trajectory_pb2.Trajectory]]]:
+    """A :func:`by_pool` runner of network ``net`` on the actor's pools, labelled by
+    ``teacher`` (DAgger)."""
+    return lambda p, mine: run_episodes(
+        run.actor.pools[p],
+        mine,
+        agent=SwarmAgent(run.actor.pools[p][0].layout, net=net),
+        greedy=greedy,
+        teacher=teacher,
+        generator=run.actor.generator,
+    )
+
+
 def _jobs_for(run: _Run, it: int) -> tuple[int, list[Job]]:
-    """The curriculum stage of iteration ``it`` and its sessions (tasks drawn from the stage)."""
+    """The curriculum stage of iteration ``it`` and its sessions (tasks drawn from the stage;
+    the last stage draws from every training task, however large)."""
     cfg, stages = run.config, list(run.config.curriculum)
     stage = stages[min((it - 1) * len(stages) // cfg.iterations, len(stages) - 1)]
     pool_tasks = [t for t in run.tasks.train if len(t.subtasks) <= stage] or run.tasks.train
+    if stage == stages[-1]:
+        pool_tasks = run.tasks.train
     jobs = [
         Job(pool_tasks[int(i)], int(run.rng.integers(1 << 31)))
         for i in run.rng.integers(len(pool_tasks), size=cfg.episodes_per_iteration)
@@ -229,9 +248,10 @@ def _jobs_for(run: _Run, it: int) -> tuple[int, list[Job]]:
 async def _iteration(run: _Run, it: int, version: int) -> int:
     """One PPO iteration through the services; returns the new version."""
     stage, jobs = _jobs_for(run, it)
+    pools = _draw_pools(run, len(jobs))
     # Sessions are simulated in a worker thread: the event loop keeps the bus consumers'
     # heartbeats going (a blocked loop would get the actor evicted from its group).
-    eps, trajs = await asyncio.to_thread(run.actor.sample, jobs, run.config.rollout_baseline)
+    eps, trajs = await asyncio.to_thread(run.actor.sample, jobs, run.config.rollout_baseline, pools)
     await publish_trajectories(run.publisher, run.services.topics.trajectories, trajs)
     event = await run.guarded(
         run.follower.wait_version(version + 1, None), f"policy version {version + 1}"
@@ -285,11 +305,13 @@ async def _finish(
         evaluate_policies,
         run.actor,
         run.tasks.test,
-        run.pool,
+        run.pools[0],
         cfg.test_episodes,
         run.env_cfg,
         seed=777,
+        stats=run.envs[0].stats,
     )
+    summary["config"]["training"] = describe(run.pools, run.tasks)
     _, _, after = run.actor.run(
         [Job(run.tasks.test[0], 424242)], greedy=True, with_trajectories=True
     )
@@ -321,19 +343,29 @@ def _new_run(config: TrainConfig, bus: Bus, say: Progress) -> _Run:
     torch.set_num_threads(1)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     (config.run_dir / "config.json").write_text(json.dumps(config.to_json(), indent=2))
-    tasks = _task_suites(config)
-    pool = default_pool()
+    pools = training_pools(config)
+    tasks = task_suites(config, pools[0].advertised)
     env_cfg = EnvConfig(max_subtasks=tasks.max_size, invalid_action="raise")
-    envs = SwarmEnv.replicas(config.num_envs, tasks.train, pool, env_cfg)
+    envs, *more = [
+        pool_envs(
+            config.num_envs, tasks.train, p, env_cfg, AgentStats() if config.agent_stats else None
+        )
+        for p in pools
+    ]
     # The run's own key pair: the learner signs with it, the actor trusts only it.
-    actor = Actor(envs, config.seed, TrustedKeys.load(str(run_key_pair(config).public_path)))
+    actor = Actor(
+        envs,
+        config.seed,
+        TrustedKeys.load(str(run_key_pair(config).public_path)),
+        more_pools=more,
+    )
     tag = f"{config.run_dir.name}-{int(time.time() * 1000)}"
     kafka = is_kafka_url(config.bus)
     services: Deployment = ProcessServices(config, tag) if kafka else EmbeddedServices(config, tag)
     run = _Run(
         config=config,
         tasks=tasks,
-        pool=pool,
+        pools=pools,
         env_cfg=env_cfg,
         envs=envs,
         actor=actor,
@@ -345,6 +377,7 @@ def _new_run(config: TrainConfig, bus: Bus, say: Progress) -> _Run:
         writer=SummaryWriter(str(config.run_dir / "tb")),
         say=say,
         rng=np.random.default_rng(config.seed),
+        pool_rng=np.random.default_rng([config.seed, 1]),
     )
     run.val_jobs = [
         Job(t, 50_000 + s) for s in range(config.validation_seeds) for t in tasks.validation

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,7 @@ from podium.v1 import subtask_pb2, trajectory_pb2
 if TYPE_CHECKING:
     from podium_app.train.config import TrainResult
 
-POLICY_ORDER = ("sequential", "greedy", "cpls", "learned")
+POLICY_ORDER = ("sequential", "greedy", "cpls", "cpls-online", "learned")
 
 
 def plot_learning_curve(result: TrainResult, out: Path) -> None:
@@ -77,7 +78,13 @@ def plot_policies(summary: dict[str, Any], out: Path) -> None:
     names = [n for n in POLICY_ORDER if n in summary["summary"]]
     s = summary["summary"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    colors = ["tab:gray", "tab:orange", "tab:blue", "tab:green"][: len(names)]
+    palette = {"cpls-online": "tab:purple", "learned": "tab:green"}
+    colors = [
+        palette.get(n, c)
+        for n, c in zip(
+            names, ["tab:gray", "tab:orange", "tab:blue"] + ["tab:green"] * 2, strict=False
+        )
+    ]
     ax1.bar(names, [s[n]["ratio_to_bound_mean"] for n in names], color=colors)
     ax1.axhline(1.0, color="k", lw=0.8)
     ax1.set_ylabel("mean latency / lower bound")
@@ -168,6 +175,69 @@ def _table(summary: dict[str, Any]) -> str:
     )
 
 
+def _names(names: list[str]) -> str:
+    """A list of task or agent names, folded when long."""
+    text = html.escape(", ".join(names))
+    if len(names) <= 12:
+        return text
+    return f"<details><summary>{len(names)} names</summary>{text}</details>"
+
+
+def _pool_row(pool: dict[str, Any]) -> str:
+    truth = "no"
+    if pool["true_profiles"]:
+        counts = Counter(pool.get("deviations", {}).values())
+        ways = ", ".join(
+            f"{counts[w]} {w}"
+            for w in ("slower", "flakier", "better", "mixed", "honest")
+            if counts[w]
+        )
+        truth = f"yes, the simulator draws from them ({ways})"
+    return (
+        f"<tr><td>{html.escape(pool['name'])}</td><td>{html.escape(pool['source'])}</td>"
+        f"<td>{len(pool['agents'])}</td><td style='text-align:left'>{_names(pool['agents'])}"
+        f"</td><td>{truth}</td></tr>"
+    )
+
+
+def trained_on(training: dict[str, Any]) -> str:
+    """The report's "Trained on" section: the pool (name, file, agents, true profiles), its
+    variants, and the tasks (source, counts, names, how the final table's were chosen)."""
+    pools = [training["pool"], *training["variants"]]
+    tasks = training["tasks"]
+    source = "generated (seeded suites over the pool's kinds)"
+    if tasks["source"] != "generated":
+        source = f"<code>{html.escape(tasks['source'])}</code>"
+    variants = (
+        f"<p>Each training session ran on one of these {len(pools)} pools, drawn uniformly "
+        "(the variants: renamed agents, other counts, true profiles slower, flakier or better "
+        "than advertised); validation and the table above ran on the first.</p>"
+        if training["variants"]
+        else ""
+    )
+    return f"""<h2>Trained on</h2>
+<table><tr><th>pool</th><th>file</th><th>agents</th><th>names</th><th>true profiles</th></tr>
+{"".join(_pool_row(p) for p in pools)}</table>{variants}
+<p>Tasks: {source}, {tasks["count"]} in all: {len(tasks["train"])} for training
+({_names(tasks["train"])}), {len(tasks["validation"])} for validation
+({_names(tasks["validation"])}); the table's held-out tasks: {html.escape(tasks["held_out"])}
+({_names(tasks["test"])}).</p>"""
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """One line naming the pool and the tasks of a run (plain text; the CLI prints it too)."""
+    training = summary["config"].get("training")
+    if training is None:
+        return ""
+    pool, tasks = training["pool"], training["tasks"]
+    variants = f" + {len(training['variants'])} variants" if training["variants"] else ""
+    truth = ", true profiles hidden from the planners" if pool["true_profiles"] else ""
+    return (
+        f"pool {pool['name']} ({pool['source']}, {len(pool['agents'])} agents{truth}){variants}; "
+        f"tasks {tasks['source']} ({tasks['count']}; held out: {tasks['held_out']})"
+    )
+
+
 def write_report(
     result: TrainResult, before: trajectory_pb2.Trajectory, after: trajectory_pb2.Trajectory
 ) -> Path:
@@ -186,10 +256,12 @@ td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}img{{max-width:1
 <p>Run <code>{html.escape(str(d))}</code>: {result.wall_s / 60:.1f} min wall time,
 behaviour cloning accuracy {bc.get("bc_accuracy", math.nan):.3f},
 {len(result.history) - 1} PPO iterations, best version v{result.best_version}
-(chosen on the validation split; cpls there: {result.cpls_val_ratio:.3f}).</p>
+(chosen on the validation split; cpls there: {result.cpls_val_ratio:.3f}).<br>
+Trained on {html.escape(headline(result.summary))}.</p>
 <h2>Held-out tasks</h2>{_table(result.summary)}
 <p>Same (task, seed) sessions for every policy; the learned policy acts greedily.</p>
 <img src="policies.png">
+{trained_on(result.summary["config"]["training"]) if "training" in result.summary["config"] else ""}
 <h2>Learning curves</h2><img src="learning_curve.png"><img src="losses.png">
 <h2>One session before and after training</h2>
 <img src="gantt_before.png"><img src="gantt_after.png">

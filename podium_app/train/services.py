@@ -87,6 +87,8 @@ def learner_settings(
         model_repository=str(config.model_repository.resolve()) if config.model_repository else "",
         init=str(init.resolve()),
         signing_key=str(run_key_pair(config).private_path),
+        # The run's base pool: the learner's layout when a trajectory names no agents.
+        pool_spec=str(config.pool.resolve()) if config.pool else "",
         max_subtasks=max_subtasks,
         seed=config.seed,
         learning_rate=ppo.learning_rate,

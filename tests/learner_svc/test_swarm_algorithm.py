@@ -53,6 +53,8 @@ def test_episode_survives_the_trajectory_wire_format(
         )
         np.testing.assert_array_equal(back.slots, ep.slots)
         np.testing.assert_array_equal(back.globals_, ep.globals_)
+        np.testing.assert_array_equal(back.pairs, ep.pairs)
+        assert back.agents == ep.agents == tuple(lay.agents)
         np.testing.assert_array_equal(back.masks, ep.masks)
         np.testing.assert_array_equal(back.actions, ep.actions)
         np.testing.assert_allclose(back.log_probs, ep.log_probs, rtol=1e-6)
@@ -82,10 +84,11 @@ def test_collate_pads_and_remaps_control_actions(setup: tuple[list[SwarmEnv], li
     big = max(range(len(eps)), key=lambda i: eps[i].n)
     A = envs[0].pool.num_agents
     wait_t = int(np.flatnonzero(eps[small].actions >= eps[small].n * A * 3)[0])
-    batch, n_max = collate(eps, np.array([[small, wait_t], [big, 0]]), A)
+    batch, n_max = collate(eps, np.array([[small, wait_t], [big, 0]]))
     assert n_max == eps[big].n
     assert batch.slots.shape[1] == n_max
     assert not batch.present[0, eps[small].n :].any()
+    assert batch.pairs.shape[:3] == (2, n_max, A)
     # WAIT of the small task lands on WAIT of the padded layout, and stays valid there.
     assert int(batch.actions[0]) == n_max * A * 3
     assert bool(batch.masks[0, batch.actions[0]])
@@ -98,6 +101,8 @@ def test_advantages_match_a_hand_computation() -> None:
         n=1,
         slots=np.zeros((3, 1, 2), np.float32),
         globals_=np.zeros((3, 1), np.float32),
+        pairs=np.zeros((3, 1, 1, 2), np.float32),
+        agents=("a",),
         masks=np.ones((3, 5), bool),
         actions=np.zeros(3, np.int64),
         log_probs=np.zeros(3, np.float32),
@@ -221,9 +226,11 @@ def test_critic_only_update_moves_the_value_head_and_nothing_else(
         for ep, b in zip(samples, bonus, strict=True):
             _, ret = episode_advantages(ep, b, cfg)
             idx = np.array([(0, t) for t in range(ep.length)], dtype=np.int64)
-            b, _ = collate([ep], idx, agent.num_agents)
+            batch, _ = collate([ep], idx)
             with torch.no_grad():
-                _, v = agent.net(b.slots, b.present, b.globals_, b.masks)
+                _, v = agent.net(
+                    batch.slots, batch.present, batch.globals_, batch.pairs, batch.masks
+                )
             errs.append(float(((v.numpy() - ret) ** 2).mean()))
             bias.append(float((v.numpy() - ret).mean()))
         return float(np.mean(errs)), float(np.mean(bias))
@@ -247,7 +254,8 @@ def test_critic_only_update_moves_the_value_head_and_nothing_else(
 def test_decision_tensors_decode_by_the_documented_wire_layout() -> None:
     """``Decision.observation_tensor`` and ``action_mask`` as trajectory.proto documents them,
     decoded with nothing but zlib and integer arithmetic: the observation without its padding
-    slot rows, and the mask of the task's own action layout, first action in the most
+    slots (slot rows, the global token, then the (slot, agent) pair rows of the
+    ``Trajectory.agents``), and the mask of the task's own action layout, first action in the most
     significant bit."""
     import zlib
 
@@ -260,6 +268,7 @@ def test_decision_tensors_decode_by_the_documented_wire_layout() -> None:
     env = SwarmEnv([task], default_pool(), EnvConfig(max_subtasks=12, invalid_action="raise"))
     n, S, A = len(task.subtasks), 12, env.pool.num_agents
     F, G = env.layout.slot_features, env.layout.global_token_features
+    P = env.layout.pair_features
     cpls = make_policy("cpls")
     recorder = EpisodeRecorder(env.layout, env.codec, n)
     obs, _ = env.reset(seed=2)
@@ -276,13 +285,16 @@ def test_decision_tensors_decode_by_the_documented_wire_layout() -> None:
     traj = episode_trajectory(env, data=recorder.decision_data())
     wire = type(traj).FromString(traj.SerializeToString())
     n_actions = n * A * 3 + 2
+    assert list(wire.agents) == [a.name for a in default_pool().agents]  # A names, in order
     for d, (full_obs, full_mask) in zip(wire.decisions, seen, strict=True):
         values = np.frombuffer(zlib.decompress(d.observation_tensor), dtype="<f4")
-        assert values.shape == (n * F + G,)
+        assert values.shape == (n * F + G + n * A * P,)
         rows = full_obs[: S * F].reshape(S, F)
+        pairs = full_obs[S * F + G :].reshape(S, A, P)
         np.testing.assert_array_equal(values[: n * F].reshape(n, F), rows[:n])
-        np.testing.assert_array_equal(values[n * F :], full_obs[S * F :])
-        assert not rows[n:].any()  # what was dropped is padding
+        np.testing.assert_array_equal(values[n * F : n * F + G], full_obs[S * F : S * F + G])
+        np.testing.assert_array_equal(values[n * F + G :].reshape(n, A, P), pairs[:n])
+        assert not rows[n:].any() and not pairs[n:].any()  # what was dropped is padding
         data = d.action_mask
         assert len(data) == (n_actions + 7) // 8
         bits = [(byte >> (7 - j)) & 1 for byte in data for j in range(8)]

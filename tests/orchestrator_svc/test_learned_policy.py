@@ -8,26 +8,31 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from signing_helpers import key_pair, signed
+from signing_helpers import key_pair, signed, trusted
 
 from orchestrator_svc import OrchestratorApp, OrchestratorConfig
+from orchestrator_svc.learned import LearnedPolicySource
 from podium import topics
 from podium.bus import InProcBus
 from podium.bus.consumer import EventPublisher
 from podium.envs.swarm import EnvConfig, SwarmEnv, TaskSpec, default_pool
 from podium.envs.swarm.generator import generate_suite
 from podium.envs.swarm.simulator import SwarmSimulator
+from podium.envs.swarm.spec import PoolSpec
 from podium.envs.swarm.state import StateConfig
 from podium.envs.swarm.trajectory import task_to_proto
+from podium.observed import AgentStats
 from podium.policy.agent import SwarmAgent
 from podium.policy.artifacts import ArtifactRef
 from podium.policy.decisions import episode_from_trajectory
+from podium.policy.network import SwarmPolicyNet
 from podium.policy.rollout import Job, run_episodes
 from podium.policy.signing import KeyPair
 from podium.policy.swarm import MODEL_NAME, save_policy
@@ -146,6 +151,17 @@ async def wait_version(orch: OrchestratorApp, version: int) -> None:
     raise AssertionError(f"orchestrator serves {orch.learned.version}, expected {version}")
 
 
+async def wait_for_store(orch: OrchestratorApp, mirror: AgentStats) -> None:
+    """Until the orchestrator's statistics store holds what ``mirror`` does (its follower
+    records each session's trajectory shortly after the session ends)."""
+    assert orch.stats is not None
+    for _ in range(200):
+        if orch.stats.to_dict() == mirror.to_dict():
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("the orchestrator's statistics store did not record the sessions")
+
+
 async def test_cold_start_then_hot_swap_and_rejected_versions(
     learned_stack: tuple[InProcBus, OrchestratorApp], keys: KeyPair, tmp_path: Path
 ) -> None:
@@ -188,12 +204,24 @@ async def test_training_sessions_sample_and_match_the_embedded_trainer_bytes(
     await announce(bus, ref, keys)
     await wait_version(orch, 1)
     pool = default_pool()
+    # The orchestrator's sessions read its statistics store (fed by every session's
+    # trajectory), so the embedded side reads a mirror fed the same trajectories, once the
+    # orchestrator's store has caught up with them: parity of the estimated columns too.
+    assert orch.stats is not None
+    mirror = orch.stats.copy()
     for i, task in enumerate(tasks()[:3]):
         seed = 100 + i
+        await wait_for_store(orch, mirror)
         served = await run_session(bus, orch, task, seed, "eval:x")
         # The embedded trainer's recording of the same session (argmax, same simulator seed).
-        env = SeededEnv([task], pool, EnvConfig(max_subtasks=64, invalid_action="raise"))
+        env = SeededEnv(
+            [task],
+            pool,
+            EnvConfig(max_subtasks=64, invalid_action="raise", feed_stats=False),
+            stats=mirror.copy(),
+        )
         env.session_seed = seed
+        mirror.record_trajectory(served)
         _, (embedded,) = run_episodes(
             [env], [Job(task, 0)], agent=agent, greedy=True, with_trajectories=True
         )
@@ -224,3 +252,39 @@ async def test_training_sessions_sample_and_match_the_embedded_trainer_bytes(
             d.action.index for d in greedy.decisions
         ]
     assert differs > 0
+
+
+async def test_any_pool_loads_and_a_version_of_other_widths_is_refused(
+    keys: KeyPair, tmp_path: Path
+) -> None:
+    """A version trained on another pool (other names, another size) loads: the network reads
+    agents by features. A network whose input widths are not the sessions' observation's is
+    refused at load, naming the fix, and the previous version keeps serving."""
+    source = LearnedPolicySource(default_pool().agent_names(), trusted=trusted(keys))
+    other = SwarmEnv(tasks()[:1], four_agents(), EnvConfig(max_subtasks=64))
+    torch.manual_seed(1)
+    trained_elsewhere = SwarmAgent(other.layout, d_model=16, layers=1)
+    ref = save_policy(trained_elsewhere.net, tmp_path, 1, tuple(other.layout.agents))
+    event = reward_pb2.PolicyUpdated(
+        model_name=MODEL_NAME, version=1, uri=ref.uri, sha256=ref.sha256
+    )
+    assert await source.on_policy_updated(signed(event, keys))
+    assert source.holder.current().policy.agents == tuple(other.layout.agents)
+
+    cfg = trained_elsewhere.net.config
+    wider = SwarmPolicyNet(replace(cfg, pair_features=cfg.pair_features + 1))
+    ref2 = save_policy(wider, tmp_path, 2, tuple(other.layout.agents))
+    event2 = reward_pb2.PolicyUpdated(
+        model_name=MODEL_NAME, version=2, uri=ref2.uri, sha256=ref2.sha256
+    )
+    assert not await source.on_policy_updated(signed(event2, keys))
+    assert source.version == 1
+    assert "retrain it for this observation" in str(source.holder.last_error)
+
+
+def four_agents() -> PoolSpec:
+    """A 4-agent pool under names the default pool does not have."""
+    base = {a.name: a for a in default_pool().agents}
+    picked = ("backend", "infra-specialist", "qa", "generalist")
+    agents = tuple(replace(base[n], name=f"other-{n}") for n in picked)
+    return replace(default_pool(), name="four", agents=agents)

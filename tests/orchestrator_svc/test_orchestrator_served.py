@@ -206,12 +206,22 @@ async def test_served_sessions_decide_exactly_as_local_torch(
         assert served.learned.backend.served_versions() == [str(version)]
 
         compared = 0
+        # Both stacks' sessions read their statistics stores (fed by their own sessions'
+        # trajectories): each session starts once both hold what a mirror fed the same
+        # trajectories holds, so both read the same estimates.
+        assert local.stats is not None and served.stats is not None
+        mirror = local.stats.copy()
         for i, task in enumerate(tasks()):
             # argmax (live traffic) and sampled (training) sessions, same seed on both.
             for submitted_by in ("eval:parity", "trainer:parity"):
                 seed = 500 + i
+                for orch in (local, served):
+                    await wait_for(
+                        lambda o=orch: o.stats.to_dict() == mirror.to_dict(), "stats store"
+                    )
                 want = await run_bus_session(bus_l, local, task, seed, submitted_by)
                 got = await run_bus_session(bus_s, served, task, seed, submitted_by)
+                mirror.record_trajectory(got)
                 assert got.policy_version == want.policy_version == str(version)
                 assert got.labels["actions"] == want.labels["actions"]
                 assert len(got.decisions) == len(want.decisions) > 0
@@ -229,12 +239,13 @@ async def test_served_sessions_decide_exactly_as_local_torch(
                 # The logits themselves, on every observation of the session.
                 layout = agent.layout
                 ep = episode_from_trajectory(
-                    got, layout.slot_features, layout.size - layout.slots_end, len(layout.agents)
+                    got, layout.slot_features, layout.global_token_features, len(layout.agents)
                 )
                 inputs = PolicyInputs(
                     subtask_features=np.ascontiguousarray(ep.slots),
                     subtask_mask=np.ascontiguousarray(ep.slots[:, :, 0] > 0.5),
                     global_features=np.ascontiguousarray(ep.globals_),
+                    pair_features=np.ascontiguousarray(ep.pairs),
                     action_mask=np.ascontiguousarray(ep.masks),
                 )
                 remote = served.learned.backend.decide(inputs)

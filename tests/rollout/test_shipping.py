@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable
@@ -582,9 +583,14 @@ async def test_traffic_shares(rig: Rig, rollout_table: Callable[..., None]) -> N
     )
     assert disagree == 0, f"{disagree} of {SHARE_IDS} ids routed differently"
     assert worst <= SHARE_TOLERANCE, f"shares {observed} vs targets {target}"
-    # Sampling error of a share p over n sessions is sqrt(p(1-p)/n): 2.3 points at n = 300.
-    real_bound = SHARE_TOLERANCE if len(real) >= SHARE_IDS else 0.08
-    assert real_worst <= real_bound, f"real sessions' shares {real_shares} vs {target}"
+    # Every real session's arm is the hash of its (random) id under the state it names
+    # (sessions_clean checks misrouted == 0), so their shares only sample the bucket ranges:
+    # held to five standard errors sqrt(p(1-p)/n) of each role's share (11.5 points for the
+    # canary at n = 300: random ids fall that far off far less than once in 10,000 runs).
+    for role, share in target.items():
+        bound = max(SHARE_TOLERANCE, 5 * math.sqrt(share * (1 - share) / max(len(real), 1)))
+        off = abs(real_shares.get(role, 0.0) - share)
+        assert off <= bound, f"real sessions' shares {real_shares} vs {target} (role {role})"
     assert delays and missing == 0, (delays, missing)
     assert_sessions_clean(out, rig)
 

@@ -137,3 +137,31 @@ def test_a_bad_scenario_fails_start_up_naming_the_setting(
 def test_a_bad_origin_is_a_config_error(origin: str) -> None:
     with pytest.raises(ConfigError, match="PODIUM_SUBAGENT_DRIFT_ORIGIN"):
         from_env(SubagentConfig, {"PODIUM_SUBAGENT_DRIFT_ORIGIN": origin}, bus_url="embedded")
+
+
+async def test_a_pool_with_true_profiles_and_drift_is_sampled_from_its_truth(
+    inproc_bus: InProcBus, tmp_path: Path
+) -> None:
+    """A pool file's ``true:`` profiles are what executions draw from (the orchestrator plans
+    on the advertised ones), and its ``drift:`` applies when PODIUM_SUBAGENT_DRIFT is unset."""
+    pool_file = tmp_path / "pool.yaml"
+    pool_file.write_text(
+        "name: lying\n"
+        "drift: slow-specialist\n"
+        "agents:\n"
+        "  - name: backend\n"
+        "    kinds: {api: {speed: 1.0, success: 0.95, noise: 0.2}}\n"
+        "    true: {api: {speed: 0.5}}\n"
+    )
+    config = SubagentConfig(bus_url="embedded", pool_spec=str(pool_file), drift_origin=0.0)
+    worker = SubagentApp(config, inproc_bus)
+    advertised = worker.pool.profile("backend", "api")
+    assert advertised is not None and advertised.speed == 1.0
+    # slow-specialist (backend api x 0.2 from 60 s) over the truth (0.5), long in effect.
+    now = worker.true_pool.at(time.time()).profile("backend", "api")
+    assert now is not None and now.speed == pytest.approx(0.1)
+    assert worker.true_pool.at(30.0).profile("backend", "api").speed == 0.5  # type: ignore[union-attr]
+    explicit = SubagentApp(
+        SubagentConfig(bus_url="embedded", pool_spec=str(pool_file), drift="none"), inproc_bus
+    )
+    assert explicit.true_pool.at(time.time()).profile("backend", "api").speed == 0.5  # type: ignore[union-attr]

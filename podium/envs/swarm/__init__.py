@@ -13,6 +13,7 @@ from podium.envs.swarm.actions import FINISH, START, WAIT, ActionCodec, valid_ac
 from podium.envs.swarm.baselines import (
     BASELINES,
     Command,
+    CplsOnlinePolicy,
     CplsPolicy,
     GreedyPolicy,
     RandomPolicy,
@@ -50,6 +51,7 @@ __all__ = [
     "ActionCodec",
     "AgentSpec",
     "Command",
+    "CplsOnlinePolicy",
     "CplsPolicy",
     "EnvConfig",
     "ExecutionSample",

@@ -14,7 +14,9 @@ come right after the last slot). :meth:`ActionCodec.translate` and
 to the slots a batch uses (attention costs O(S²)), recording a session in its task's own
 layout, padding a recorded decision to the largest task of a minibatch. Every consumer (the
 environment, the policy, the recorders, the learner) calls them instead of doing the index
-arithmetic itself.
+arithmetic itself. :meth:`ActionCodec.translate_to` and :meth:`ActionCodec.translate_mask_to`
+also change the number of agents (a START then moves: its index depends on ``A``), for a
+learner's minibatch that mixes pools and pads every decision to its most agents.
 
 :class:`ActionMasker` keeps the mask of a running environment up to date incrementally (only
 the slots whose state changed are re-derived); :func:`valid_action_mask` derives it from the
@@ -25,13 +27,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from podium.envs.swarm.spec import SPLIT_FACTORS
 from podium.envs.swarm.state import InvalidActionError, SwarmState
+
+_T = TypeVar("_T", bound=np.generic)
 
 START, WAIT, FINISH = 1, 2, 3
 """Action types (same numbering as podium.v1.ActionType)."""
@@ -107,24 +111,76 @@ class ActionCodec:
 
     def translate_mask(
         self,
-        mask: NDArray[np.bool_],
+        mask: NDArray[_T],
         target: ActionCodec,
-        out: NDArray[np.bool_] | None = None,
-    ) -> NDArray[np.bool_]:
+        out: NDArray[_T] | None = None,
+    ) -> NDArray[_T]:
         """Masks ``[..., self.size]`` as masks ``[..., target.size]``: the START entries of
         the slots both have, then WAIT and FINISH. Slots only ``target`` has are invalid
-        (padding); slots only this layout has are dropped, which is lossless when they are
-        padding (always masked). ``out`` receives the result when given."""
+        (padding: zero); slots only this layout has are dropped, which is lossless when they
+        are padding (always masked). ``out`` receives the result when given. Any dtype (per-
+        action logits translate the same way)."""
         self._check_agents(target)
         starts = min(self.wait, target.wait)
         if out is None and target.wait <= self.wait:
             # Trimming (the common case): one concatenation, no zero fill.
             return np.concatenate([mask[..., :starts], mask[..., self.wait :]], axis=mask.ndim - 1)
         if out is None:
-            out = np.zeros((*mask.shape[:-1], target.size), dtype=bool)
+            out = np.zeros((*mask.shape[:-1], target.size), dtype=mask.dtype)
         else:
-            out[..., starts : target.wait] = False
+            out[..., starts : target.wait] = 0
         out[..., :starts] = mask[..., :starts]
+        out[..., target.wait :] = mask[..., self.wait :]
+        return out
+
+    def translate_to(self, actions: NDArray[np.int64], target: ActionCodec) -> NDArray[np.int64]:
+        """:meth:`translate_many` between layouts of any slot *and agent* counts (a new array).
+
+        A minibatch mixing pools pads every decision to its most agents as well as its most
+        slots: START(slot, agent, k) keeps its slot, agent and k, at ``target``'s index of
+        them; WAIT and FINISH move to ``target``'s. A START on a slot or agent ``target``
+        lacks has no translation (ValueError)."""
+        if target.num_agents == self.num_agents:
+            return self.translate_many(actions, target)
+        out = actions.copy()
+        control = actions >= self.wait
+        slot, rem = np.divmod(actions[~control], self.per_slot)
+        agent, j = np.divmod(rem, SPLIT_CHOICES)
+        if (slot >= target.max_subtasks).any() or (agent >= target.num_agents).any():
+            raise ValueError(
+                f"a START of the {self.max_subtasks}-slot, {self.num_agents}-agent layout has "
+                f"no place in the {target.max_subtasks}-slot, {target.num_agents}-agent one"
+            )
+        out[~control] = (slot * target.num_agents + agent) * SPLIT_CHOICES + j
+        out[control] = target.wait + (actions[control] - self.wait)
+        return out
+
+    def translate_mask_to(
+        self,
+        mask: NDArray[_T],
+        target: ActionCodec,
+        out: NDArray[_T] | None = None,
+    ) -> NDArray[_T]:
+        """:meth:`translate_mask` between layouts of any slot *and agent* counts: the START
+        entries of the (slot, agent) pairs both have, then WAIT and FINISH. Slots and agents
+        only ``target`` has are invalid (padding: zero); those only this layout has are
+        dropped, which is lossless when they are padding. ``out`` receives the result when
+        given. Any dtype, like :meth:`translate_mask` (the serving layer pads masks and trims
+        logits with it)."""
+        if target.num_agents == self.num_agents:
+            return self.translate_mask(mask, target, out)
+        lead = mask.shape[:-1]
+        slots = min(self.max_subtasks, target.max_subtasks)
+        agents = min(self.num_agents, target.num_agents)
+        starts = np.zeros(
+            (*lead, target.max_subtasks, target.num_agents, SPLIT_CHOICES), dtype=mask.dtype
+        )
+        starts[..., :slots, :agents, :] = mask[..., : self.wait].reshape(
+            *lead, self.max_subtasks, self.num_agents, SPLIT_CHOICES
+        )[..., :slots, :agents, :]
+        if out is None:
+            out = np.empty((*lead, target.size), dtype=mask.dtype)
+        out[..., : target.wait] = starts.reshape(*lead, target.wait)
         out[..., target.wait :] = mask[..., self.wait :]
         return out
 

@@ -16,14 +16,20 @@ only :class:`RandomPolicy` draws from it.
   by upward rank with expected time-to-success durations, the agent with the least expected
   time to success, split a critical subtask when spare capacity lets the chunks run in
   parallel, retry failures.
+* ``cpls-online`` — cpls planning on what has been *observed* of the agents rather than on
+  what they advertise: the environment's statistics store's estimated pool
+  (:class:`~podium.observed.AgentStats`), taken at each episode's start. The strongest rule
+  engine a careful team would write without learning.
 
 All of them avoid re-starting a unit on an agent where loop detection would fire.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,6 +38,7 @@ from numpy.typing import NDArray
 
 from podium.envs.swarm.actions import FINISH, START, WAIT, ActionCodec, valid_action_mask
 from podium.envs.swarm.bound import upward_ranks
+from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.scheduling import PolicyStep, Rng
 from podium.envs.swarm.spec import SPLIT_FACTORS
 from podium.envs.swarm.state import SwarmState
@@ -39,6 +46,9 @@ from podium.errors import ConfigError
 
 if TYPE_CHECKING:
     from podium.envs.swarm.env import SwarmEnv
+    from podium.observed import AgentStats
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +258,133 @@ class CplsPolicy(RuleEngine):
         return Command(START, slot, agent, 1)
 
 
+def estimated_pool(stats: AgentStats, pool: SubagentPool) -> SubagentPool:
+    """``pool`` with every profile replaced by ``stats``' estimate (the same agents in the same
+    order, so decisions on it index the real pool's agents); ConfigError if they differ."""
+    estimated = SubagentPool(stats.estimated_pool(pool.spec))
+    if estimated.agent_names != pool.agent_names:
+        raise ConfigError(
+            f"the estimated pool's agents {estimated.agent_names} are not the pool's "
+            f"{pool.agent_names}"
+        )
+    return estimated
+
+
+def decide_on_pool(engine: RuleEngine, state: SwarmState, pool: SubagentPool) -> Command:
+    """``engine``'s decision for ``state`` as if its agents were ``pool`` (same agents in the
+    same order: an estimated pool): the state's pool is swapped for the call, so every
+    per-agent count of the state still lines up, and restored whatever happens. Cheaper than
+    copying the state at every step. ``engine`` must hold nothing derived from another pool
+    (cpls caches ranks per task: give each pool its own engine)."""
+    own = state.pool
+    state.pool = pool
+    try:
+        return engine.decide(state)
+    finally:
+        state.pool = own
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The pool one episode of :class:`CplsOnlinePolicy` plans on, with its own cpls."""
+
+    stats: AgentStats
+    """The store it was estimated from..."""
+    version: int
+    """... at this version of it..."""
+    advertised: SubagentPool
+    """... for this advertised pool (the environment's)."""
+    pool: SubagentPool
+    """The estimated pool: the same agents in the same order."""
+    engine: CplsPolicy
+    """A cpls of its own (its caches hold ranks on this pool)."""
+
+    def matches(self, stats: AgentStats, advertised: SubagentPool) -> bool:
+        """Whether it is the estimate ``stats`` gives of ``advertised`` now."""
+        return (
+            self.stats is stats and self.version == stats.version and self.advertised is advertised
+        )
+
+
+class CplsOnlinePolicy(CplsPolicy):
+    """cpls on the agents' profiles as estimated online: the environment's statistics store
+    (``env.stats``, an :class:`~podium.observed.AgentStats`) gives the estimated pool of the
+    advertised spec (``stats.estimated_pool(spec)``), and cpls ranks, orders agents and splits
+    on it exactly as it would on the spec.
+
+    Each episode plans on the estimate taken at its first decision (right after its reset) and
+    keeps it to its end, so evidence recorded meanwhile (by the episode's own end, or by other
+    sessions sharing the store) changes only later episodes, never a plan half carried out.
+    Estimates are cached by the store's version: episodes between two records share one
+    estimated pool and its cpls caches. One object may drive many environments at once (lock-
+    step rollouts, the orchestrator's sessions): each episode is pinned to its own estimate.
+
+    Without a store it is plain cpls on the advertised profiles, and says so once.
+    """
+
+    name = "cpls-online"
+
+    MAX_EPISODES = 1024
+    """Episodes in flight whose estimate is remembered (the oldest are forgotten first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._latest: _Plan | None = None
+        self._episodes: OrderedDict[int, tuple[SwarmState, _Plan | None]] = OrderedDict()
+        self._warned = False
+
+    def act(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
+        state = env.state
+        plan = self._episode_plan(state, getattr(env, "stats", None))
+        cmd = (
+            super().decide(state) if plan is None else decide_on_pool(plan.engine, state, plan.pool)
+        )
+        return PolicyStep(cmd.encode(env.codec))
+
+    def decide(self, state: SwarmState, rng: Rng = None) -> Command:
+        """The decision for a bare state: on the estimate of the episode it belongs to when
+        :meth:`act` has seen it, else on the newest estimate of its pool, else as cpls."""
+        hit = self._episodes.get(id(state))
+        plan = hit[1] if hit is not None and hit[0] is state else self._latest
+        if plan is None or plan.advertised is not state.pool:
+            return super().decide(state)
+        return decide_on_pool(plan.engine, state, plan.pool)
+
+    def estimated(self, state: SwarmState) -> SubagentPool | None:
+        """The pool the episode of ``state`` plans on (None: the advertised one, no store)."""
+        hit = self._episodes.get(id(state))
+        return hit[1].pool if hit is not None and hit[0] is state and hit[1] else None
+
+    def _episode_plan(self, state: SwarmState, stats: AgentStats | None) -> _Plan | None:
+        """The plan of ``state``'s episode: fixed the first time its state is seen."""
+        hit = self._episodes.get(id(state))
+        if hit is not None and hit[0] is state:
+            return hit[1]
+        plan = self._plan(state.pool, stats)
+        self._episodes[id(state)] = (state, plan)
+        while len(self._episodes) > self.MAX_EPISODES:
+            self._episodes.popitem(last=False)
+        return plan
+
+    def _plan(self, pool: SubagentPool, stats: AgentStats | None) -> _Plan | None:
+        """The estimated pool of ``pool``'s spec under ``stats`` now (cached by version)."""
+        if stats is None:
+            if not self._warned:
+                self._warned = True
+                _log.warning(
+                    "cpls-online has no statistics store (env.stats is None): it plans on the "
+                    "advertised profiles, exactly as cpls. Give the environment one: "
+                    "SwarmEnv(..., stats=AgentStats()) (podium.observed); the orchestrator "
+                    "keeps one with PODIUM_AGENT_STATS=on"
+                )
+            return None
+        if self._latest is not None and self._latest.matches(stats, pool):
+            return self._latest
+        estimated = estimated_pool(stats, pool)
+        self._latest = _Plan(stats, stats.version, pool, estimated, CplsPolicy())
+        return self._latest
+
+
 class RandomPolicy(RuleEngine):
     """Uniform over valid actions (the speed benchmark's policy and a sanity floor).
 
@@ -283,6 +420,7 @@ BASELINES: dict[str, type[RuleEngine]] = {
     "sequential": SequentialPolicy,
     "greedy": GreedyPolicy,
     "cpls": CplsPolicy,
+    "cpls-online": CplsOnlinePolicy,
     "random": RandomPolicy,
 }
 """Baseline policies by name."""

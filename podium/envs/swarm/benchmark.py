@@ -9,19 +9,35 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from podium.envs.swarm.baselines import BASELINES, make_policy
 from podium.envs.swarm.env import EnvConfig, SwarmEnv
+from podium.envs.swarm.planner import RolloutPlanner
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.scheduling import SchedulingPolicy
-from podium.envs.swarm.spec import PoolSpec, TaskSpec
+from podium.envs.swarm.spec import PoolSpec, TaskSpec, check_true_pool
 from podium.errors import ConfigError
+
+if TYPE_CHECKING:
+    from podium.observed import AgentStats
 
 REFERENCE = "sequential"
 """Policy every benchmark runs as the reference for ``reduction_vs_sequential``."""
+
+PLANNER = "planner"
+"""The rollout planner on the true model (:mod:`podium.envs.swarm.planner`): a reference line
+that reads the truth, so it is built here rather than listed among the rule engines."""
+
+STATS_READERS = frozenset({"cpls-online"})
+"""Rule engines that read the environment's statistics store (``env.stats``). With one of
+them, or a caller's policy (a trained network reads the store through its observation),
+every policy gets its own store, warmed up then fed by its own episodes."""
+
+WARMUP_SEED = 1_000_003
+"""Offset of the warm-up episodes' seeds from ``seed``: disjoint from the measured ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,49 +82,117 @@ def bench_scheduling(
     seed: int,
     *,
     extra: Mapping[str, SchedulingPolicy] | None = None,
+    true_pool: PoolSpec | None = None,
+    warmup: int = 10,
 ) -> dict[str, Any]:
     """Mean latency, completion rate, ratio to bound and reduction vs sequential per task
     and policy, and their means over tasks. Episode e of every policy uses seed ``seed + e``
     (common random numbers across policies).
 
-    ``policies`` names rule engines, or keys of ``extra``: policies built by the caller, such
-    as a trained network (``{"learned": LearnedPolicy.from_checkpoint(path)}``). They are
-    passed in rather than built here so this module, and ``podium bench scheduling`` without a
-    learned policy, never import torch.
+    ``policies`` names rule engines, ``planner``, or keys of ``extra``: policies built by the
+    caller, such as a trained network (``{"learned": LearnedPolicy.from_checkpoint(path)}``).
+    They are passed in rather than built here so this module, and ``podium bench scheduling``
+    without a learned policy, never import torch.
+
+    The sub-agents behave as ``true_pool`` says (or as ``pool``'s ``true:`` profiles say)
+    while every policy but the planner, and the bound, read ``pool``'s advertisement. When
+    a policy reads the statistics store (``cpls-online``, or any of ``extra``), each policy
+    gets its own store, warmed by ``warmup`` cpls episodes per task on the true pool, then fed
+    by that policy's own episodes; ``config`` then records ``warmup``.
     """
     if episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {episodes}")
+    if warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {warmup}")
+    advertised, truth = split_truth(pool, true_pool)
     engines = _policies_by_name(policies, extra or {})
+    reads_stats = any(n in STATS_READERS or n in (extra or {}) for n in engines)
+    warm = _new_store() if reads_stats else None
     env = SwarmEnv(
         list(tasks),
-        SubagentPool(pool),
+        SubagentPool(advertised),
         EnvConfig(
             max_subtasks=max(len(t.subtasks) for t in tasks),
             invalid_action="raise",  # a baseline emitting a masked action is a bug: fail loudly
         ),
+        true_pool=truth,
+        stats=warm,
     )
-    out_tasks = [_bench_task(env, task, engines, episodes, seed) for task in tasks]
+    stores = None
+    if warm is not None:
+        warm_up(env, tasks, warmup, seed)
+        stores = {n: warm.copy() for n in engines}  # then each fed by its own policy's episodes
+    out_tasks = [_bench_task(env, task, engines, episodes, seed, stores) for task in tasks]
     names = list(engines)
-    return {
-        "tasks": out_tasks,
-        "summary": _summary(names, out_tasks),
-        "config": {"episodes": episodes, "seed": seed, "pool": pool.name, "policies": names},
+    config: dict[str, Any] = {
+        "episodes": episodes,
+        "seed": seed,
+        "pool": pool.name,
+        "policies": names,
     }
+    if truth is not None:
+        config["true_pool"] = truth.name
+    if stores is not None:
+        config["warmup"] = warmup
+    return {"tasks": out_tasks, "summary": _summary(names, out_tasks), "config": config}
+
+
+def split_truth(pool: PoolSpec, true_pool: PoolSpec | None) -> tuple[PoolSpec, PoolSpec | None]:
+    """The advertised pool the planners read, and the true pool the simulator draws from
+    (None: the advertisement is the truth). The truth is ``true_pool`` (its own ``true:``
+    profiles if it has some) or ``pool``'s ``true:`` profiles; both at once is ambiguous, and
+    a true pool with other agents than ``pool`` is refused, the agents named."""
+    if true_pool is None:
+        return pool.advertised(), pool.true_spec() if pool.has_truth else None
+    if pool.has_truth:
+        raise ConfigError(
+            f"pool {pool.name!r} carries true: profiles and a true pool {true_pool.name!r} "
+            "was given too; give the truth one way"
+        )
+    truth = true_pool.true_spec()
+    check_true_pool(pool, truth)
+    return pool.advertised(), truth
+
+
+def _new_store() -> AgentStats:
+    """An empty statistics store (imported only when a policy reads one)."""
+    from podium.observed import AgentStats
+
+    return AgentStats()
+
+
+def warm_up(env: SwarmEnv, tasks: Sequence[TaskSpec], warmup: int, seed: int) -> None:
+    """Feed ``env``'s statistics store with ``warmup`` cpls episodes per task (seeds
+    ``seed + WARMUP_SEED + i``, disjoint from the measured ones), drawn from its true pool:
+    what the sessions before a benchmark observed. To reproduce a benchmark's figures for one
+    policy by hand, warm a store this way, then run that policy's episodes on it."""
+    cpls = make_policy("cpls")
+    for task in tasks:
+        for i in range(warmup):
+            run_episode(env, cpls, task.name, seed + WARMUP_SEED + i)
 
 
 def _policies_by_name(
     policies: Sequence[str], extra: Mapping[str, SchedulingPolicy]
 ) -> dict[str, SchedulingPolicy]:
     """The reference first, then ``policies`` in order (duplicates once): rule engines by
-    name, or the caller's ``extra``; ConfigError for an unknown or reserved name."""
-    if REFERENCE in extra:
-        raise ConfigError(f"policy name {REFERENCE!r} is reserved for the reference rule engine")
+    name, the planner, or the caller's ``extra``; ConfigError for an unknown or reserved name."""
+    for reserved in (REFERENCE, PLANNER):
+        if reserved in extra:
+            raise ConfigError(f"policy name {reserved!r} is reserved for the {reserved} policy")
     names = [REFERENCE, *[p for p in dict.fromkeys(policies) if p != REFERENCE]]
-    unknown = [n for n in names if n not in extra and n not in BASELINES]
+    unknown = [n for n in names if n not in extra and n not in BASELINES and n != PLANNER]
     if unknown:
-        known = ", ".join(sorted({*BASELINES, *extra}))
+        known = ", ".join(sorted({*BASELINES, PLANNER, *extra}))
         raise ConfigError(f"unknown policy {unknown[0]!r}; known: {known}")
-    return {n: extra[n] if n in extra else make_policy(n) for n in names}
+    return {n: _build(n, extra) for n in names}
+
+
+def _build(name: str, extra: Mapping[str, SchedulingPolicy]) -> SchedulingPolicy:
+    """The policy called ``name``: the caller's, the planner, or a fresh rule engine."""
+    if name in extra:
+        return extra[name]
+    return RolloutPlanner() if name == PLANNER else make_policy(name)
 
 
 def _bench_task(
@@ -117,12 +201,16 @@ def _bench_task(
     engines: Mapping[str, SchedulingPolicy],
     episodes: int,
     seed: int,
+    stores: Mapping[str, AgentStats] | None = None,
 ) -> dict[str, Any]:
-    """One task's row: every policy's statistics over ``episodes`` seeded episodes."""
+    """One task's row: every policy's statistics over ``episodes`` seeded episodes (each
+    policy on its own statistics store when there are stores)."""
     env.reset(seed=seed, options={"task": task.name})
     bound = env.bound.value
     per: dict[str, dict[str, float]] = {}
     for name, engine in engines.items():
+        if stores is not None:
+            env.stats = stores[name]
         runs = [run_episode(env, engine, task.name, seed + e) for e in range(episodes)]
         lat = [r.latency for r in runs]
         mean = statistics.fmean(lat)
@@ -192,7 +280,10 @@ def measure_env_speed(
 
     The policy's own cost (mask lookup + one draw) is included, as a training loop pays it.
     """
-    env = SwarmEnv(list(tasks), SubagentPool(pool), EnvConfig(max_subtasks=64))
+    advertised, truth = split_truth(pool, None)
+    env = SwarmEnv(
+        list(tasks), SubagentPool(advertised), EnvConfig(max_subtasks=64), true_pool=truth
+    )
     rng = random.Random(seed)
     env.reset(seed=seed)
     steps = episodes = 0

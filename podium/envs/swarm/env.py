@@ -20,15 +20,26 @@ Reward: −Δclock / lower bound per step (so a completed episode returns −lat
 minus ``invalid_action_penalty`` per invalid action, and at a non-completed end
 ``incomplete_penalty`` × remaining fraction (+ ``loop_penalty`` for a loop).
 
-A *true pool* (``SwarmEnv(..., true_pool=)``) makes the sub-agents behave otherwise than the
-pool spec says: outcomes are sampled from it while the observation, the action layout, the mask,
-the lower bound and the rule engines keep reading the nominal ``pool`` (sub-agents that drifted,
-:mod:`podium.envs.swarm.drift`, under a spec the planners still believe). Without one, outcomes
-come from ``pool`` as always.
+A *true pool* (``SwarmEnv(..., true_pool=)``, or a pool spec carrying ``true:`` profiles)
+makes the sub-agents behave otherwise than the pool spec says: outcomes are sampled from it
+while the observation, the action layout, the mask, the lower bound and the rule engines keep
+reading the advertised ``pool`` (sub-agents that drifted, :mod:`podium.envs.swarm.drift`, or
+that never were what they advertise, under a spec the planners still believe). Without one,
+outcomes come from ``pool`` as always.
+
+A *statistics store* (``SwarmEnv(..., stats=)``, :class:`~podium.observed.AgentStats`) is what
+has been observed of the agents in recent sessions: the observation's estimate columns read it
+at every reset, the rule engine's advice may plan on its estimated pool
+(``EnvConfig.advice="online"``), and with ``EnvConfig.feed_stats`` every finished episode's
+executions are recorded into it (each unit's exact work, its duration and outcome), so a store
+shared by an environment's episodes (or a bench's, or a training run's replicas) holds recent
+sessions as production's does.
 
 :meth:`SwarmEnv.clone` (and ``copy.deepcopy``) copies an episode in flight: the copy continues
 exactly as the original would (same state, same luck, same future resets) and the two never
-affect each other, which shadow twins and planners rely on.
+affect each other, which shadow twins and planners rely on. The copy *reads* the original's
+store (shared, not copied: it is the same knowledge) but never *feeds* it — a planner's
+imagined rollouts and a shadow twin's replays are not observations of the sub-agents.
 """
 
 from __future__ import annotations
@@ -36,14 +47,14 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import gymnasium as gym
 import numpy as np
 from numpy.typing import NDArray
 
 from podium.envs.swarm.actions import ActionCodec, ActionMasker
-from podium.envs.swarm.baselines import CplsPolicy
+from podium.envs.swarm.baselines import CplsPolicy, estimated_pool
 from podium.envs.swarm.bound import LowerBound
 from podium.envs.swarm.observation import ObservationEncoder, ObservationLayout
 from podium.envs.swarm.pool import SubagentPool
@@ -52,6 +63,9 @@ from podium.envs.swarm.simulator.executor import SwarmSimulator
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, default_pool
 from podium.envs.swarm.state import InvalidActionError, StateConfig, SwarmState
 from podium.errors import ConfigError
+
+if TYPE_CHECKING:
+    from podium.observed import AgentStats
 
 DecisionRecord = tuple[int, float, int, int, int, int, int, int]
 """What :attr:`SwarmEnv.decisions` keeps per step: (action, clock, units, ready, running, done,
@@ -93,6 +107,15 @@ class EnvConfig:
     session's sub-agents with the session seed, rather than with a draw from the environment's
     generator: an episode reset with a live session's seed meets that session's sub-agent luck
     (shadow twins, :mod:`podium.rollout.twins`). Off, ``reset(seed=s)`` stays a Gymnasium seed."""
+    feed_stats: bool = True
+    """With a statistics store (``SwarmEnv(..., stats=)``), record each finished episode's
+    executions into it at the episode's end (terminated or truncated), so the store holds
+    recent sessions as production's does. Turn it off where something else feeds the store
+    from the same sessions (the orchestrator, whose trajectories a follower records)."""
+    advice: Literal["advertised", "online"] = "advertised"
+    """Which pool the advice columns' rule engine (cpls) plans on: the advertised one, or the
+    store's estimated pool (``stats.estimated_pool(spec)``, read at each reset; the advertised
+    pool while there is no store)."""
 
 
 _Shared = tuple[dict[str, TaskSpec], dict[str, TaskStatic]]
@@ -116,19 +139,26 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         config: EnvConfig | None = None,
         *,
         true_pool: PoolSpec | SubagentPool | None = None,
+        stats: AgentStats | None = None,
         _shared: _Shared | None = None,
     ) -> None:
         super().__init__()
         self.config = config or EnvConfig()
-        spec = default_pool() if pool is None else pool
-        self.pool = spec if isinstance(spec, SubagentPool) else SubagentPool(spec)
-        self.true_pool: SubagentPool | None = (
-            true_pool
-            if true_pool is None or isinstance(true_pool, SubagentPool)
-            else SubagentPool(true_pool)
-        )
-        """The pool outcomes are sampled from when it is not ``pool`` (see the module
-        docstring); None: ``pool``."""
+        if self.config.advice not in ("advertised", "online"):
+            raise ConfigError(
+                f"EnvConfig.advice must be 'advertised' or 'online', got {self.config.advice!r}"
+            )
+        self.pool, self.true_pool = _pools(default_pool() if pool is None else pool, true_pool)
+        """``pool``: the advertised pool every planner reads; ``true_pool``: the pool outcomes
+        are sampled from when it is not ``pool`` (see the module docstring); None: ``pool``."""
+        self.stats = stats
+        """The statistics store the estimates are read from (and fed, see
+        ``EnvConfig.feed_stats``); None: estimates are the advertised profiles."""
+        self._feeds = self.config.feed_stats and stats is not None
+        """Whether this environment records its episodes into :attr:`stats` (never a copy's)."""
+        self._fed = True
+        """Whether the current episode was recorded already (or needs no recording)."""
+        self._advice_key: tuple[int, int] | None = None
         self.tasks: tuple[TaskSpec, ...] = (tasks,) if isinstance(tasks, TaskSpec) else tuple(tasks)
         self._check_sizes()
         S = self.config.max_subtasks
@@ -183,29 +213,35 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         config: EnvConfig | None = None,
         *,
         true_pool: PoolSpec | SubagentPool | None = None,
+        stats: AgentStats | None = None,
     ) -> list[SwarmEnv]:
         """``n`` environments over the same tasks for lock-step rollouts.
 
         They share one :class:`SubagentPool` and the per-task precomputation (bound, ranks,
         capability masks: read-only after set-up; tasks passed to ``reset`` later are added
         once for all), which otherwise dominates start-up: 32 environments × 350 tasks took
-        ≈ 20 s of bound computations, now one environment's.
+        ≈ 20 s of bound computations, now one environment's. They share ``stats`` too (each
+        feeds it its finished episodes, as sessions of one deployment do).
         """
         if n < 1:
             raise ConfigError(f"replicas needs n >= 1, got {n}")
-        first = cls(tasks, pool, config, true_pool=true_pool)
+        first = cls(tasks, pool, config, true_pool=true_pool, stats=stats)
         rest = [
             cls(
                 tasks,
                 first.pool,
                 config,
                 true_pool=first.true_pool,
+                stats=stats,
                 _shared=(first._by_name, first._static),
             )
             for _ in range(n - 1)
         ]
-        for env in rest:  # the rule engine's caches (ranks, agent orders) too
-            env._encoder.advisor = first._encoder.advisor
+        if first.config.advice == "advertised":
+            # The rule engine's caches (ranks, agent orders) too; an online advisor is each
+            # environment's own, rebuilt whenever the estimated pool changes.
+            for env in rest:
+                env._encoder.advisor = first._encoder.advisor
         return [first, *rest]
 
     # ---------------------------------------------------------------- copies
@@ -224,6 +260,8 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         shared: list[object] = [
             self.pool,
             self.true_pool,
+            self.stats,
+            self._encoder.advice_pool,
             self.tasks,
             self._by_name,
             self._static,
@@ -242,6 +280,8 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         for name, value in vars(self).items():
             # The decision records are tuples of numbers (immutable): a list copy suffices.
             setattr(new, name, list(value) if name == "decisions" else copy.deepcopy(value, memo))
+        # Imagined futures are not observations (see the module docstring).
+        new._feeds, new._fed = False, True
         return new
 
     # ---------------------------------------------------------------- episode
@@ -309,10 +349,46 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
         self._invalid_run = 0
         self.invalid_actions = 0
         self.decisions = []
-        self._encoder.reset(self.task, self._task_static, self._scale)
+        self._fed = not self._feeds
+        if self.config.advice == "online":
+            self._use_estimated_pool()
+        self._encoder.reset(self.task, self._task_static, self._scale, self.stats)
         self._masker.reset()
         self._refresh()
         return self._encoder.obs.copy()
+
+    def _use_estimated_pool(self) -> None:
+        """Point the advice's rule engine at the store's estimated pool (rebuilt only when the
+        store changed since the last reset; a fresh engine then, since its caches, the
+        upward ranks above all, are per task and would keep the old pool's numbers)."""
+        if self.stats is None or self._encoder.advisor is None:
+            return
+        key = (id(self.stats), self.stats.version)
+        if key == self._advice_key:
+            return
+        self._encoder.advice_pool = estimated_pool(self.stats, self.pool)
+        self._encoder.advisor = CplsPolicy()
+        self._advice_key = key
+
+    def _feed_stats(self) -> None:
+        """Record the finished episode's executions into the store, once: each completed
+        execution's agent, kind, exact work (a chunk's or merge's own), duration and outcome,
+        in start order (executions cut off by the end say nothing and are skipped)."""
+        if self._fed:
+            return
+        self._fed = True
+        stats, state = self.stats, self.state
+        assert stats is not None
+        names = self.pool.agent_names
+        for rec in state.executions:
+            if rec.success is not None:
+                stats.record(
+                    names[rec.agent],
+                    state.kind_of(rec.slot),
+                    state.u_work[rec.unit],
+                    rec.end - rec.start,
+                    rec.success,
+                )
 
     def _refresh(self) -> None:
         """Re-encode the observation and the mask after the state changed."""
@@ -377,7 +453,10 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
             if state.loop_detected:
                 reward -= self.config.loop_penalty
         self._refresh()
-        info = self._info() if (terminated or truncated) else {}
+        info: dict[str, Any] = {}
+        if terminated or truncated:
+            info = self._info()
+            self._feed_stats()
         if invalid is not None:
             info["invalid_action"] = invalid
         return self._encoder.obs.copy(), reward, terminated, truncated, info
@@ -440,3 +519,26 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
             "failures": state.failures,
             "invalid_actions": self.invalid_actions,
         }
+
+
+def _pools(
+    pool: PoolSpec | SubagentPool, true_pool: PoolSpec | SubagentPool | None
+) -> tuple[SubagentPool, SubagentPool | None]:
+    """(the advertised pool, the true pool or None) of ``SwarmEnv``'s arguments: a pool spec
+    that carries true profiles is split into its advertisement (what every planner reads) and
+    its truth (what outcomes are drawn from); ConfigError when a true pool is given as well
+    (the truth given two ways is ambiguous)."""
+    spec = pool.spec if isinstance(pool, SubagentPool) else pool
+    if spec.has_truth:
+        if true_pool is not None:
+            raise ConfigError(
+                f"pool {spec.name!r} carries true: profiles and a true pool was given too; "
+                "give the truth one way"
+            )
+        true_pool = spec.true_spec()
+    if spec.truth is not None or spec.drift is not None:
+        pool = SubagentPool(spec.advertised())
+    advertised = pool if isinstance(pool, SubagentPool) else SubagentPool(pool)
+    if true_pool is None or isinstance(true_pool, SubagentPool):
+        return advertised, true_pool
+    return advertised, SubagentPool(true_pool)

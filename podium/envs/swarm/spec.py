@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from podium.errors import SpecError
+
+if TYPE_CHECKING:
+    from podium.envs.swarm.drift import DriftSchedule
 
 WILDCARD_KIND = "*"
 """Kind name an agent uses to declare it can do every kind (the generalist)."""
@@ -29,8 +32,10 @@ SPLIT_FACTORS: tuple[int, ...] = (1, 2, 4)
 
 _TASK_KEYS = frozenset({"name", "max_parallel", "subtasks", "description"})
 _SUBTASK_KEYS = frozenset({"id", "kind", "work", "deps", "splittable", "sensitive", "description"})
-_POOL_KEYS = frozenset({"name", "max_parallel", "main_step_cost", "split_overhead", "agents"})
-_AGENT_KEYS = frozenset({"name", "kinds"})
+_POOL_KEYS = frozenset(
+    {"name", "max_parallel", "main_step_cost", "split_overhead", "agents", "drift"}
+)
+_AGENT_KEYS = frozenset({"name", "kinds", "true"})
 _PROFILE_KEYS = frozenset({"speed", "success", "noise"})
 
 
@@ -115,6 +120,35 @@ class PoolSpec:
     """Human-readable name."""
     kinds: tuple[str, ...] = field(default=())
     """Explicit kinds named by any agent (sorted; excludes ``"*"``). Filled by the parser."""
+    truth: tuple[AgentSpec, ...] | None = None
+    """The agents as they really behave (same names, order and kinds as :attr:`agents`; each
+    profile the advertised one overridden by the agent's ``true:`` fields), or None when the
+    pool behaves as advertised. Only the simulator may read it (:meth:`true_spec`): planners
+    read :attr:`agents`, the advertisement, as a real deployment can."""
+    drift: DriftSchedule | None = None
+    """How the true behaviour changes over time (``drift:`` in the file, a
+    :mod:`podium.envs.swarm.drift` scenario applied over :meth:`true_spec`), or None."""
+
+    def advertised(self) -> PoolSpec:
+        """The pool as its agents advertise themselves: the spec every planner (rule engines,
+        observation, lower bound) is given. The truth and the drift are stripped, so nothing
+        holding it can read them."""
+        if self.truth is None and self.drift is None:
+            return self
+        return replace(self, truth=None, drift=None)
+
+    def true_spec(self) -> PoolSpec:
+        """The pool the simulator draws outcomes from: the true profiles (at time 0 of the
+        drift, if any), or the pool itself when it carries no truth. Same agents, same order,
+        same kinds, so it is a valid ``SwarmEnv(..., true_pool=)``."""
+        if self.truth is None:
+            return self.advertised()
+        return replace(self, agents=self.truth, truth=None, drift=None)
+
+    @property
+    def has_truth(self) -> bool:
+        """Whether the pool's agents behave otherwise than advertised (``true:``)."""
+        return self.truth is not None
 
     def can_do(self, kind: str) -> bool:
         """Whether some agent can do ``kind`` with a non-zero success probability."""
@@ -154,7 +188,7 @@ def _prefix(source: str) -> str:
 
 
 def _check_keys(obj: Mapping[str, Any], allowed: frozenset[str], where: str, source: str) -> None:
-    unknown = sorted(set(obj) - allowed)
+    unknown = sorted(str(k) for k in set(obj) - allowed)
     if unknown:
         raise SpecError(
             f"{_prefix(source)}{where}: unknown field {unknown[0]!r} "
@@ -307,8 +341,97 @@ def parse_task(data: Any, *, source: str = "") -> TaskSpec:
     )
 
 
+def _profile(
+    prof: Any, where: str, source: str, advertised: KindProfile | None = None
+) -> KindProfile:
+    """One validated profile; with ``advertised`` (a ``true:`` entry) every field is optional
+    and a missing one keeps the advertised value."""
+    if not isinstance(prof, Mapping):
+        raise SpecError(f"{_prefix(source)}{where} must be a mapping", field=where)
+    _check_keys(prof, _PROFILE_KEYS, where, source)
+    if advertised is None and "speed" not in prof:
+        raise SpecError(f"{_prefix(source)}{where}: missing field 'speed'", field=where)
+    base = advertised or KindProfile(speed=1.0, success=1.0, noise=0.0)
+    speed = _number(prof.get("speed", base.speed), f"{where}.speed", source)
+    success = _number(prof.get("success", base.success), f"{where}.success", source)
+    noise = _number(prof.get("noise", base.noise), f"{where}.noise", source)
+    if speed <= 0:
+        raise SpecError(f"{_prefix(source)}{where}.speed must be > 0, got {speed:g}", field=where)
+    if not 0.0 <= success <= 1.0:
+        raise SpecError(
+            f"{_prefix(source)}{where}.success must be in [0, 1], got {success:g}", field=where
+        )
+    if noise < 0:
+        raise SpecError(f"{_prefix(source)}{where}.noise must be >= 0, got {noise:g}", field=where)
+    return KindProfile(speed=speed, success=success, noise=noise)
+
+
+def _true_agent(raw_true: Any, agent: AgentSpec, where: str, source: str) -> AgentSpec:
+    """The agent as it really behaves: its ``true:`` mapping (kind -> partial profile) over
+    its advertised profiles. A kind it does not advertise is an error: the truth changes how
+    an agent behaves, never what it may be given."""
+    if not isinstance(raw_true, Mapping) or not raw_true:
+        raise SpecError(
+            f"{_prefix(source)}{where}.true must be a non-empty mapping of kind -> profile",
+            field=f"{agent.name}.true",
+        )
+    kinds = dict(agent.kinds)
+    for kind, prof in raw_true.items():
+        kw = f"{where}.true.{kind}"
+        advertised = agent.kinds.get(kind) if isinstance(kind, str) else None
+        if advertised is None:
+            raise SpecError(
+                f"{_prefix(source)}{kw}: agent {agent.name!r} does not advertise kind {kind!r} "
+                f"in its kinds: ({', '.join(agent.kinds)}); true: may only correct them",
+                field=kw,
+            )
+        kinds[kind] = _profile(prof, kw, source, advertised)
+    return AgentSpec(name=agent.name, kinds=kinds)
+
+
+def _agent(raw: Any, pos: int, source: str) -> tuple[AgentSpec, AgentSpec | None]:
+    """One agent as advertised, and as it truly behaves when it carries ``true:``."""
+    where = f"agents[{pos}]"
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{_prefix(source)}{where} must be a mapping", field=where)
+    # YAML 1.1 reads an unquoted ``true:`` key as the boolean True; it means the field.
+    raw = {("true" if k is True else k): v for k, v in raw.items()}
+    name = _str(raw.get("name"), f"{where}.name", source)
+    where = f"agent {name!r}"
+    _check_keys(raw, _AGENT_KEYS, where, source)
+    raw_kinds = raw.get("kinds")
+    if not isinstance(raw_kinds, Mapping) or not raw_kinds:
+        raise SpecError(f"{_prefix(source)}{where}: kinds must be a non-empty mapping", field=name)
+    profiles: dict[str, KindProfile] = {}
+    for kind, prof in raw_kinds.items():
+        if not isinstance(kind, str) or not kind:
+            raise SpecError(f"{_prefix(source)}{where}: kind names must be strings", field=name)
+        profiles[kind] = _profile(prof, f"{where}.kinds.{kind}", source)
+    agent = AgentSpec(name=name, kinds=profiles)
+    if "true" not in raw:
+        return agent, None
+    return agent, _true_agent(raw["true"], agent, where, source)
+
+
+def _drift(value: Any, source: str) -> DriftSchedule:
+    """The pool's ``drift:`` scenario: a shipped name, or a file (relative paths are read
+    from the pool file's directory when there is one)."""
+    from podium.envs.swarm.drift import load_drift  # drift.py imports this module
+
+    text = _str(value, "pool.drift", source)
+    if source and ("/" in text or Path(text).suffix):
+        beside = Path(source).parent / text
+        if not Path(text).is_absolute() and beside.exists():
+            text = str(beside)
+    try:
+        return load_drift(text)
+    except SpecError as exc:
+        raise SpecError(f"{_prefix(source)}pool.drift: {exc}", field="pool.drift") from None
+
+
 def parse_pool(data: Any, *, source: str = "") -> PoolSpec:
-    """Validate a pool document into a :class:`PoolSpec`."""
+    """Validate a pool document into a :class:`PoolSpec` (with its ``true:`` profiles and
+    ``drift:`` scenario, when given; see docs/specs.md)."""
     if not isinstance(data, Mapping):
         raise SpecError(
             f"{_prefix(source)}a pool spec must be a mapping, got {type(data).__name__}"
@@ -325,56 +448,62 @@ def parse_pool(data: Any, *, source: str = "") -> PoolSpec:
     if not isinstance(raw_agents, list) or not raw_agents:
         raise SpecError(f"{_prefix(source)}pool.agents must be a non-empty list", field="agents")
     agents: list[AgentSpec] = []
-    kinds: set[str] = set()
+    truth: list[AgentSpec] = []
+    corrected = False
     for pos, raw in enumerate(raw_agents):
-        where = f"agents[{pos}]"
-        if not isinstance(raw, Mapping):
-            raise SpecError(f"{_prefix(source)}{where} must be a mapping", field=where)
-        name = _str(raw.get("name"), f"{where}.name", source)
-        where = f"agent {name!r}"
-        _check_keys(raw, _AGENT_KEYS, where, source)
-        if any(a.name == name for a in agents):
-            raise SpecError(f"{_prefix(source)}duplicate agent name {name!r}", field=name)
-        raw_kinds = raw.get("kinds")
-        if not isinstance(raw_kinds, Mapping) or not raw_kinds:
+        agent, true_agent = _agent(raw, pos, source)
+        if any(a.name == agent.name for a in agents):
             raise SpecError(
-                f"{_prefix(source)}{where}: kinds must be a non-empty mapping", field=name
+                f"{_prefix(source)}duplicate agent name {agent.name!r}", field=agent.name
             )
-        profiles: dict[str, KindProfile] = {}
-        for kind, prof in raw_kinds.items():
-            kw = f"{where}.kinds.{kind}"
-            if not isinstance(kind, str) or not kind:
-                raise SpecError(f"{_prefix(source)}{where}: kind names must be strings", field=name)
-            if not isinstance(prof, Mapping):
-                raise SpecError(f"{_prefix(source)}{kw} must be a mapping", field=kw)
-            _check_keys(prof, _PROFILE_KEYS, kw, source)
-            if "speed" not in prof:
-                raise SpecError(f"{_prefix(source)}{kw}: missing field 'speed'", field=kw)
-            speed = _number(prof["speed"], f"{kw}.speed", source)
-            success = _number(prof.get("success", 1.0), f"{kw}.success", source)
-            noise = _number(prof.get("noise", 0.0), f"{kw}.noise", source)
-            if speed <= 0:
-                raise SpecError(f"{_prefix(source)}{kw}.speed must be > 0, got {speed:g}", field=kw)
-            if not 0.0 <= success <= 1.0:
-                raise SpecError(
-                    f"{_prefix(source)}{kw}.success must be in [0, 1], got {success:g}", field=kw
-                )
-            if noise < 0:
-                raise SpecError(
-                    f"{_prefix(source)}{kw}.noise must be >= 0, got {noise:g}", field=kw
-                )
-            profiles[kind] = KindProfile(speed=speed, success=success, noise=noise)
-            if kind != WILDCARD_KIND:
-                kinds.add(kind)
-        agents.append(AgentSpec(name=name, kinds=profiles))
-    return PoolSpec(
+        agents.append(agent)
+        truth.append(true_agent or agent)
+        corrected = corrected or true_agent is not None
+    pool = PoolSpec(
         agents=tuple(agents),
         max_parallel=max_parallel,
         main_step_cost=step,
         split_overhead=overhead,
         name=str(data.get("name", "pool")),
-        kinds=tuple(sorted(kinds)),
+        kinds=tuple(sorted({k for a in agents for k in a.kinds if k != WILDCARD_KIND})),
+        truth=tuple(truth) if corrected else None,
     )
+    if data.get("drift") is None:
+        return pool
+    drift = _drift(data["drift"], source)
+    try:
+        drift.check(pool)
+    except SpecError as exc:
+        raise SpecError(f"{_prefix(source)}pool.drift: {exc}", field="pool.drift") from None
+    return replace(pool, drift=drift)
+
+
+def check_true_pool(advertised: PoolSpec, true: PoolSpec, *, source: str = "") -> None:
+    """Raise :class:`SpecError` unless ``true`` can stand for how ``advertised``'s agents
+    really behave: the same agent names in the same order, each able to do every kind it
+    advertises. The message names the missing, extra or reordered agents, or the kind."""
+    have, want = true.agent_names(), advertised.agent_names()
+    if have != want:
+        missing = [a for a in want if a not in have]
+        extra = [a for a in have if a not in want]
+        parts = [f"missing agents {missing}"] if missing else []
+        parts += [f"extra agents {extra}"] if extra else []
+        problem = "; ".join(parts) or (
+            f"the agents are in another order ({list(have)}, advertised {list(want)})"
+        )
+        raise SpecError(
+            f"{_prefix(source)}true pool {true.name!r} must have the agents of pool "
+            f"{advertised.name!r}: {problem}",
+            field="agents",
+        )
+    for a, t in zip(advertised.agents, true.agents, strict=True):
+        for kind in a.kinds:
+            if t.profile(kind) is None:
+                raise SpecError(
+                    f"{_prefix(source)}true pool {true.name!r}: agent {a.name!r} cannot do kind "
+                    f"{kind!r}, which pool {advertised.name!r} advertises for it",
+                    field=f"{a.name}.{kind}",
+                )
 
 
 def check_task_against_pool(task: TaskSpec, pool: PoolSpec, *, source: str = "") -> None:

@@ -278,8 +278,9 @@ def episode_trajectory(
     reviews: Sequence[trajectory_pb2.ReviewRecord] = (),
     review_wait_s: float = 0.0,
 ) -> trajectory_pb2.Trajectory:
-    """The current (usually finished) episode of ``env`` as a ``Trajectory``: every decision
-    and every execution with its context, plus what the caller knows (see the module doc).
+    """The current (usually finished) episode of ``env`` as a ``Trajectory``: the pool's agent
+    names (``agents``, the action layout's agent axis), every decision and every execution
+    with its context, plus what the caller knows (see the module doc).
 
     ``trajectory_id`` defaults to a fresh uuid and ``session_id`` to it; ``truncated`` marks a
     session cut off by a decision limit, which the trajectory records as a loop (it did not
@@ -304,6 +305,9 @@ def episode_trajectory(
         claimed_success=state.all_done,
         test_coverage=-1.0,
         labels=dict(labels or {}),
+        # The agent axis of the decisions' tensors and START indices: a learner mixing pools
+        # needs it to decode them (podium.policy.decisions).
+        agents=list(env.pool.agent_names),
         decisions=_decision_messages(env, data, policy_version),
         executions=[execution_message(state, rec, tid, bus) for rec in state.executions],
         baseline=baseline,

@@ -29,6 +29,7 @@ from podium.envs.swarm.simulator import SwarmSimulator
 from podium.envs.swarm.state import StateConfig
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.errors import ArtifactError, ConfigError
+from podium.observed import AgentStats
 from podium.policy.agent import SwarmAgent
 from podium.policy.signing import (
     NO_TRUSTED_KEYS,
@@ -244,11 +245,34 @@ def test_tampered_artifacts_and_bad_signatures_are_refused_with_the_reason(tmp_p
     assert "tampered" in str(tampered.value)
 
 
-def test_a_version_for_another_pool_is_refused(tmp_path: Path) -> None:
+def test_a_version_twins_on_a_pool_it_was_not_trained_on(tmp_path: Path) -> None:
+    """Agents are read by features: a version trained on the default pool twins sessions of a
+    pool with a renamed agent and one without two of its agents, and keeps the names of its
+    training pool for reports."""
     keys = key_pair(tmp_path / "keys")
     twin = twin_policy("7", signed(publish(tmp_path / "a", 7), keys), trusted(keys))
     pool = default_pool()
+    assert twin.agents == pool.agent_names()
     renamed = replace(pool.agents[0], name="ui-wizard")
-    other = replace(pool, agents=(renamed, *pool.agents[1:]))
-    with pytest.raises(ArtifactError, match="was trained for agents"):
-        TwinEvaluator(other).run(twin, suite_cases(1))
+    for other in (
+        replace(pool, agents=(renamed, *pool.agents[1:])),
+        replace(pool, agents=pool.agents[2:]),  # the generalist still covers every kind
+    ):
+        outcomes = TwinEvaluator(other).run(twin, suite_cases(3))
+        assert len(outcomes) == 3 and all(np.isfinite(o.env_return) for o in outcomes)
+
+
+def test_twins_read_a_statistics_store_and_never_feed_it(tmp_path: Path) -> None:
+    """Twins read the estimates a store holds (as the live sessions read them) but are
+    simulations: nothing they do is recorded into it."""
+    keys = key_pair(tmp_path / "keys")
+    twin = twin_policy("7", signed(publish(tmp_path / "a", 7), keys), trusted(keys))
+    store = AgentStats()
+    store.record("generalist", "api", 1.0, 40.0, False)  # far worse than advertised
+    before = store.to_dict()
+    cases = suite_cases(3)
+    with_store = TwinEvaluator(default_pool(), stats=store).run(twin, cases)
+    assert store.to_dict() == before
+    assert len(with_store) == 3 and all(np.isfinite(o.env_return) for o in with_store)
+    assert TwinEvaluator(default_pool(), stats=store).run(CPLS, cases)
+    assert store.to_dict() == before

@@ -58,19 +58,26 @@ def test_export_writes_triton_layout_with_dynamic_axes(exported: tuple[Path, obj
     assert dims["subtask_features"] == ["batch", "n_subtasks", SIGNATURE.subtask_features]
     assert dims["subtask_mask"] == ["batch", "n_subtasks"]
     assert dims["global_features"] == ["batch", SIGNATURE.global_features]
+    assert dims["pair_features"] == ["batch", "n_subtasks", "n_agents", SIGNATURE.pair_features]
     assert dims["action_mask"][0] == "batch" and isinstance(dims["action_mask"][1], str)
     assert [i.name for i in graph.input] == list(INPUT_NAMES)
 
 
-@pytest.mark.parametrize(("batch", "n_subtasks"), [(1, 1), (3, 8), (2, 30), (1, 100)])
-def test_onnxruntime_matches_torch_on_task_sizes(
-    exported: tuple[Path, object], batch: int, n_subtasks: int
+@pytest.mark.parametrize(
+    ("batch", "n_subtasks", "n_agents"),
+    [(1, 1, 9), (3, 8, 9), (2, 30, 4), (1, 100, 1), (4, 6, 17)],
+)
+def test_onnxruntime_matches_torch_on_task_and_pool_sizes(
+    exported: tuple[Path, object], batch: int, n_subtasks: int, n_agents: int
 ) -> None:
+    """Parity on task sizes and on pool sizes other than the training pool's 9 agents (the
+    export traced 2 agents): the agent axis is as dynamic as the subtask axis."""
     path, net = exported
-    inputs = random_inputs(SIGNATURE, batch, n_subtasks, np.random.default_rng(n_subtasks))
+    rng = np.random.default_rng(n_subtasks)
+    inputs = random_inputs(SIGNATURE, batch, n_subtasks, rng, n_agents=n_agents)
     got = onnx_session(path).run(["logits", "value"], inputs.arrays())
     want = torch_forward(net, inputs)  # type: ignore[arg-type]
-    assert got[0].shape == (batch, SIGNATURE.n_actions(n_subtasks))
+    assert got[0].shape == (batch, SIGNATURE.n_actions(n_subtasks, n_agents))
     assert got[1].shape == (batch,)
     np.testing.assert_allclose(got[0], want[0], atol=1e-4, rtol=0)
     np.testing.assert_allclose(got[1], want[1], atol=1e-4, rtol=0)
@@ -90,7 +97,9 @@ def test_versions_are_immutable(exported: tuple[Path, object]) -> None:
 
 
 def test_existing_config_for_another_signature_is_refused(tmp_path: Path) -> None:
-    other = PolicySignature(SIGNATURE.subtask_features + 1, SIGNATURE.global_features, 27)
+    other = PolicySignature(
+        SIGNATURE.subtask_features + 1, SIGNATURE.global_features, SIGNATURE.pair_features
+    )
     ensure_model_config(tmp_path, "swarm_policy", other)
     with pytest.raises(ArtifactError, match=r"config\.pbtxt: input declarations do not match"):
         export_policy(make_policy(seed=2), SIGNATURE, tmp_path, "swarm_policy", 1)
@@ -116,7 +125,7 @@ def test_committed_config_matches_the_default_network() -> None:
 def test_local_policy_runs_the_module_and_validates(exported: tuple[Path, object]) -> None:
     _, net = exported
     local = LocalPolicy(net, SIGNATURE)  # type: ignore[arg-type]
-    inputs = random_inputs(SIGNATURE, 4, 12, np.random.default_rng(0))
+    inputs = random_inputs(SIGNATURE, 4, 12, np.random.default_rng(0), n_agents=9)
     out = local.decide(inputs)
     want = torch_forward(net, inputs)  # type: ignore[arg-type]
     np.testing.assert_array_equal(out.logits, want[0])
@@ -125,6 +134,7 @@ def test_local_policy_runs_the_module_and_validates(exported: tuple[Path, object
         inputs.subtask_features[:, :, :-1].copy(),
         inputs.subtask_mask,
         inputs.global_features,
+        inputs.pair_features,
         inputs.action_mask,
     )
     with pytest.raises(ObservationError, match="subtask_features has shape") as info:
@@ -134,14 +144,37 @@ def test_local_policy_runs_the_module_and_validates(exported: tuple[Path, object
         inputs.subtask_features,
         inputs.subtask_mask,
         inputs.global_features,
+        inputs.pair_features,
         inputs.action_mask[:, :-1].copy(),
     )
-    with pytest.raises(ObservationError, match=r"action_mask has shape \(4, 325\)"):
+    with pytest.raises(ObservationError, match=r"action_mask has shape \(4, 325\)") as info:
         local.decide(wrong_mask)
+    assert "12 subtasks and 9 agents" in str(info.value)
+    # A mask of another pool's size than the pair rows say.
+    other_pool = PolicyInputs(
+        inputs.subtask_features,
+        inputs.subtask_mask,
+        inputs.global_features,
+        inputs.pair_features[:, :, :4].copy(),
+        inputs.action_mask,
+    )
+    with pytest.raises(ObservationError, match=r"action_mask has shape .* and 4 agents"):
+        local.decide(other_pool)
+    bad_pairs = PolicyInputs(
+        inputs.subtask_features,
+        inputs.subtask_mask,
+        inputs.global_features,
+        inputs.pair_features[:, :, :, :-1].copy(),
+        inputs.action_mask,
+    )
+    with pytest.raises(ObservationError, match="pair_features has shape") as info:
+        local.decide(bad_pairs)
+    assert info.value.field == "pair_features"
     as_float = PolicyInputs(
         inputs.subtask_features,
         inputs.subtask_mask.astype(np.float32),  # type: ignore[arg-type]
         inputs.global_features,
+        inputs.pair_features,
         inputs.action_mask,
     )
     with pytest.raises(ObservationError, match="subtask_mask has dtype float32"):
@@ -166,13 +199,17 @@ def test_backend_spec_parsing() -> None:
 def test_padded_batch_of_mixed_task_sizes_decides_like_separate_calls(
     exported: tuple[Path, object],
 ) -> None:
-    """Many sessions, one call: padding smaller tasks must not change any decision."""
+    """Many sessions, one call: padding smaller tasks and smaller pools must not change any
+    decision."""
     _, net = exported
     local = LocalPolicy(net, SIGNATURE)  # type: ignore[arg-type]
     rng = np.random.default_rng(4)
-    parts = [random_inputs(SIGNATURE, b, s, rng) for b, s in ((2, 3), (1, 17), (3, 9))]
+    parts = [
+        random_inputs(SIGNATURE, b, s, rng, n_agents=a)
+        for b, s, a in ((2, 3, 9), (1, 17, 4), (3, 9, 11))
+    ]
     stacked = stack_padded(parts, SIGNATURE)
-    assert stacked.batch == 6 and stacked.n_subtasks == 17
+    assert stacked.batch == 6 and stacked.n_subtasks == 17 and stacked.n_agents == 11
     together = unstack_padded(local.decide(stacked), parts, SIGNATURE)
     for part, joint in zip(parts, together, strict=True):
         alone = local.decide(part)

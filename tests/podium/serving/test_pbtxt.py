@@ -76,6 +76,7 @@ def test_rendered_policy_config_round_trips() -> None:
         "subtask_features": ("FP32", (-1, SIGNATURE.subtask_features)),
         "subtask_mask": ("BOOL", (-1,)),
         "global_features": ("FP32", (SIGNATURE.global_features,)),
+        "pair_features": ("FP32", (-1, -1, SIGNATURE.pair_features)),
         "action_mask": ("BOOL", (-1,)),
     }
     assert config.raw["instance_group"][0]["kind"] == "KIND_CPU"

@@ -28,10 +28,12 @@ def _served(v2_grpc: str, model_name: str) -> ServedPolicy:
     return ServedPolicy(v2_grpc, model_name, SIGNATURE, timeout_s=10.0)
 
 
-@pytest.mark.parametrize("n_subtasks", [1, 7, 30, 100])
+@pytest.mark.parametrize(("n_subtasks", "n_agents"), [(1, 9), (7, 4), (30, 9), (100, 13)])
 def test_served_logits_equal_local_torch(
-    v2_grpc: str, v2_repository: Path, model_name: str, n_subtasks: int
+    v2_grpc: str, v2_repository: Path, model_name: str, n_subtasks: int, n_agents: int
 ) -> None:
+    """One export serves any task size on any pool size (4 and 13 agents: not the 9 of the
+    training pool) with the logits local torch computes."""
     net = make_policy(seed=n_subtasks)
     export_policy(net, SIGNATURE, v2_repository, model_name, 1)
     served = _served(v2_grpc, model_name)
@@ -41,10 +43,10 @@ def test_served_logits_equal_local_torch(
         local = LocalPolicy(net, SIGNATURE)
         rng = np.random.default_rng(100 + n_subtasks)
         for batch in (1, 8):
-            obs = random_inputs(SIGNATURE, batch, n_subtasks, rng)
+            obs = random_inputs(SIGNATURE, batch, n_subtasks, rng, n_agents=n_agents)
             got, want = served.decide(obs), local.decide(obs)
             assert got.version == "1"
-            assert got.logits.shape == (batch, SIGNATURE.n_actions(n_subtasks))
+            assert got.logits.shape == (batch, SIGNATURE.n_actions(n_subtasks, n_agents))
             assert got.value.shape == (batch,)
             np.testing.assert_allclose(got.logits, want.logits, atol=1e-4, rtol=0)
             np.testing.assert_allclose(got.value, want.value, atol=1e-4, rtol=0)
@@ -197,6 +199,7 @@ def test_server_reports_bad_tensors_with_the_file_name(
             good.subtask_features[:, :, :5].copy(),  # 5 features instead of F
             good.subtask_mask,
             good.global_features,
+            good.pair_features,
             good.action_mask,
         )
         with pytest.raises(ProcessingError, match="inference failed") as info:
@@ -236,13 +239,17 @@ def test_factory_selects_the_served_backend_and_tritonclient_sees_the_repository
 def test_one_served_call_decides_for_sessions_of_different_sizes(
     v2_grpc: str, v2_repository: Path, model_name: str
 ) -> None:
+    """Sessions of different task sizes on pools of different sizes, padded into one call."""
     net = make_policy(seed=61)
     export_policy(net, SIGNATURE, v2_repository, model_name, 1)
     served = _served(v2_grpc, model_name)
     try:
         served.load(version=1)
         rng = np.random.default_rng(8)
-        sessions = [random_inputs(SIGNATURE, 1, s, rng) for s in (4, 25, 11, 60)]
+        sessions = [
+            random_inputs(SIGNATURE, 1, s, rng, n_agents=a)
+            for s, a in ((4, 9), (25, 4), (11, 2), (60, 9))
+        ]
         joint = unstack_padded(
             served.decide(stack_padded(sessions, SIGNATURE)), sessions, SIGNATURE
         )

@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool
-from podium.envs.swarm.benchmark import bench_scheduling, run_episode
+from podium.envs.swarm.benchmark import bench_scheduling, run_episode, warm_up
 from podium.envs.swarm.generator import generate_task
 from podium.envs.swarm.spec import load_tasks, task_to_dict
 from podium.errors import ConfigError
+from podium.observed import AgentStats
 from podium.policy.agent import SwarmAgent
 from podium.policy.swarm import LearnedPolicy, save_policy
 from podium_app.cli import main
@@ -87,9 +88,16 @@ def test_learned_policy_is_benchmarked_against_the_rule_engines(
         learned["ratio_to_bound"]
     )
 
-    # The figures are the checkpoint's own: the same episodes run by hand agree exactly.
+    # The figures are the checkpoint's own: the same episodes run by hand agree exactly (on a
+    # statistics store warmed as the bench warms each policy's, since the policy reads it).
     tasks = load_tasks(files["task"], default_pool())
-    env = SwarmEnv(tasks, default_pool(), EnvConfig(max_subtasks=len(tasks[0].subtasks)))
+    env = SwarmEnv(
+        tasks,
+        default_pool(),
+        EnvConfig(max_subtasks=len(tasks[0].subtasks)),
+        stats=AgentStats(),
+    )
+    warm_up(env, tasks, 10, SEED)  # --warmup's default
     policy = LearnedPolicy.from_checkpoint(files["checkpoint"])
     runs = [run_episode(env, policy, tasks[0].name, SEED + e) for e in range(EPISODES)]
     assert learned["latency_mean"] == pytest.approx(statistics.fmean(r.latency for r in runs))
@@ -124,12 +132,12 @@ def test_checkpoint_errors_name_the_flag_without_a_traceback(
     err = capsys.readouterr().err
     assert "sha256 mismatch" in err and "Traceback" not in err
 
-    # A policy trained for another pool's agents refuses to run rather than mis-schedule.
+    # A policy trained on another pool decides on this one: agents are read by features.
     pool = tmp_path / "pool.yaml"
     pool.write_text("agents:\n  - {name: solo, kinds: {'*': {speed: 1}}}\n")
     args = ("--policies", "learned", "--checkpoint", str(files["checkpoint"]), "--pool", str(pool))
-    assert _bench(*task, *args) == 2
-    assert "policy was trained for agents" in capsys.readouterr().err
+    assert _bench(*task, *args) == 0, capsys.readouterr().err
+    capsys.readouterr()
 
     with pytest.raises(SystemExit):
         _bench(*task, "--policies", "cpls,clever")

@@ -162,3 +162,74 @@ def test_a_ppo_setting_the_learner_cannot_take_is_refused(tmp_path: Path) -> Non
     odd = replace(config, ppo=replace(config.ppo, clip_coef=0.1))
     with pytest.raises(ConfigError, match="clip_coef cannot reach the learner"):
         learner_settings(odd, tmp_path / "init.safetensors", 16, RunTopics())
+
+
+async def test_a_users_pool_and_tasks_with_pool_variants_train_through_the_services(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--pool FILE --tasks DIR --pool-variants 2``: the sessions run on the user's pool
+    (its true profiles hidden from the planners) and on two variants of it (other agent
+    names and counts), the learner trains on all of them, and the report and summary name
+    the pool and the tasks."""
+    import json
+
+    import yaml
+
+    from podium.envs.swarm.spec import default_tasks_dir
+    from podium_app.train import job
+
+    pool = tmp_path / "my-pool.yaml"
+    spec = yaml.safe_load((Path(default_tasks_dir()).parent / "pools" / "default.yaml").read_text())
+    spec["name"] = "my-pool"
+    spec["agents"][1]["true"] = {"api": {"speed": 0.5}}  # backend: slower than it says
+    pool.write_text(yaml.safe_dump(spec))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("chain-8.yaml", "diamond-10.yaml", "layered-5.yaml", "login-system.yaml"):
+        (tasks / name).write_bytes((Path(default_tasks_dir()) / name).read_bytes())
+    seen: list[tuple[str, ...]] = []
+    publish = job.publish_trajectories
+
+    async def recording(publisher: object, topic: str, trajs: list) -> None:  # type: ignore[type-arg]
+        seen.extend(tuple(t.agents) for t in trajs)
+        await publish(publisher, topic, trajs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(job, "publish_trajectories", recording)
+    config = small_config(
+        tmp_path / "run", pool=pool, tasks=tasks, pool_variants=2, episodes_per_iteration=8
+    )
+    result = await train(config)
+    assert result.exit_codes == {"reward_svc": 0, "learner_svc": 0}
+    ckpt = load_checkpoint(tmp_path / "run" / "learner")
+    assert ckpt is not None and ckpt.state.trained == config.iterations * 8
+    assert ckpt.state.dead_lettered == 0
+    pools = {agents[0].split("-agent-")[0] if "-agent-" in agents[0] else "base" for agents in seen}
+    assert pools == {"base", "v1", "v2"}, seen  # every pool met (fixed seed), each its agents
+    training = json.loads((tmp_path / "run" / "summary.json").read_text())["config"]["training"]
+    assert training["pool"]["name"] == "my-pool" and training["pool"]["source"] == str(pool)
+    assert training["pool"]["true_profiles"] is True
+    assert [v["name"] for v in training["variants"]] == ["my-pool-v1", "my-pool-v2"]
+    # Each session's trajectory names the agents of the pool it ran on, in action order.
+    layouts = {tuple(p["agents"]) for p in [training["pool"], *training["variants"]]}
+    assert set(seen) == layouts and len(layouts) == 3
+    assert training["tasks"]["source"] == str(tasks) and training["tasks"]["count"] == 4
+    assert training["tasks"]["held_out"].startswith("none: fewer than 10 tasks")
+    assert sorted(training["tasks"]["test"]) == [
+        "chain-8",
+        "diamond-10",
+        "layered-5",
+        "login-system",
+    ]
+    # The table ran on the user's pool's truth, with cpls on online estimates beside cpls.
+    assert set(result.summary["summary"]) == {
+        "sequential",
+        "greedy",
+        "cpls",
+        "cpls-online",
+        "learned",
+    }
+    report = (tmp_path / "run" / "report.html").read_text()
+    assert "my-pool" in report and str(pool) in report and str(tasks) in report
+    assert "login-system" in report and "my-pool-v2" in report
+    assert training["pool"]["deviations"]["backend"] == "slower"
+    assert "the simulator draws from them (1 slower, 8 honest)" in report

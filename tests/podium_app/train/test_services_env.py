@@ -30,3 +30,16 @@ def test_service_processes_get_the_broker_password_and_no_other_podium_setting(
         assert envs[service]["PODIUM_BUS"] == SECURE
         assert envs[service][SASL_PASSWORD_ENV] == "s3cret"
         assert "PODIUM_REWARD_MAX_BATCH" not in envs[service]
+
+
+def test_the_learner_process_gets_the_runs_pool_file(tmp_path: Path) -> None:
+    """``--pool FILE``: the learner reads the same pool (its layout for trajectories that name
+    no agents, and the agents its starting policy was cloned on); the default pool is the
+    learner's own default."""
+    pool = tmp_path / "pool.yaml"
+    config = TrainConfig(run_dir=tmp_path / "run", bus=SECURE, pool=pool)
+    envs = ProcessServices(config, "t").environments(tmp_path / "init.safetensors", 8)
+    assert envs["learner_svc"]["PODIUM_POOL_SPEC"] == str(pool.resolve())
+    plain = TrainConfig(run_dir=tmp_path / "run", bus=SECURE)
+    envs = ProcessServices(plain, "t").environments(tmp_path / "init.safetensors", 8)
+    assert envs["learner_svc"].get("PODIUM_POOL_SPEC", "") == ""

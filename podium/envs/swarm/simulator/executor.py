@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import copy
 import heapq
+import math
 import random
+from statistics import NormalDist
 from typing import Any
 
-from podium.envs.swarm.pool import SubagentPool, mix64, sample_execution
+from podium.envs.swarm.pool import SubagentPool, mix64, sample_execution, splitmix64_uniforms
 from podium.envs.swarm.spec import TaskSpec
 from podium.envs.swarm.state import ExecutionRecord, StateConfig, SwarmState
 from podium.errors import ConfigError, SpecError
@@ -136,3 +138,44 @@ class SwarmSimulator:
     def next_completion(self) -> float | None:
         """End time of the next completion, or None with nothing running."""
         return self._events[0][0] if self._events else None
+
+    def fresh_luck(self, seed: int) -> None:
+        """Forget this session's luck and draw new luck from ``seed`` (for planners that
+        simulate possible futures from a copy, :mod:`podium.envs.swarm.planner`).
+
+        Executions started from now on draw from a new seed base. Executions in flight get
+        a new outcome drawn from the outcome pool *given what is known at the clock*: they
+        are still running, so the new duration is drawn from the lognormal conditioned on
+        exceeding the time already elapsed, and the success anew. The outcome the session
+        had already drawn for them is never revealed to the planner.
+        """
+        self._seed_base = mix64(seed & 0xFFFF_FFFF_FFFF_FFFF)
+        st, events = self.state, []
+        for rec in st.running.values():
+            prof = self.outcomes.profile(rec.agent, st.kind_of(rec.slot))
+            assert prof is not None  # it was started on this pool
+            u1, _, u3 = splitmix64_uniforms(mix64(self._seed_base ^ (rec.id + 1)))
+            mean = st.u_work[rec.unit] / prof.speed
+            duration = _duration_beyond(mean, prof.noise, st.clock - rec.start, u1)
+            events.append((rec.start + duration, rec.id, u3 < prof.success))
+        heapq.heapify(events)
+        self._events = events
+
+
+_STD_NORMAL = NormalDist()
+
+
+def _duration_beyond(mean: float, sigma: float, elapsed: float, u: float) -> float:
+    """A duration of mean ``mean`` (lognormal factor of σ ``sigma``, as
+    :func:`~podium.envs.swarm.pool.sample_execution` draws) conditioned on exceeding
+    ``elapsed``, by inverting the truncated normal's CDF at the uniform ``u``."""
+    if sigma <= 0 or elapsed <= 0:
+        if sigma <= 0:
+            return mean
+        z = _STD_NORMAL.inv_cdf(min(max(u, 1e-12), 1.0 - 1e-12))
+        return mean * math.exp(sigma * z - 0.5 * sigma * sigma)
+    z0 = (math.log(elapsed / mean) + 0.5 * sigma * sigma) / sigma
+    lo = _STD_NORMAL.cdf(z0)
+    p = min(max(lo + u * (1.0 - lo), 1e-12), 1.0 - 1e-12)
+    # Past the far tail the CDF saturates: the execution ends now, as late as known.
+    return max(elapsed, mean * math.exp(sigma * _STD_NORMAL.inv_cdf(p) - 0.5 * sigma * sigma))

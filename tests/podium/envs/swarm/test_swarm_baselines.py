@@ -119,7 +119,8 @@ def test_policies_deterministic_and_drive_the_bare_state(name: str) -> None:
 
 def test_unknown_policy() -> None:
     with pytest.raises(
-        ConfigError, match="unknown policy 'heft'; known: cpls, greedy, random, sequential"
+        ConfigError,
+        match="unknown policy 'heft'; known: cpls, cpls-online, greedy, random, sequential",
     ):
         make_policy("heft")
 

@@ -375,9 +375,11 @@ def _advice(env: SwarmEnv, obs: np.ndarray) -> tuple[str, int, int, int]:
     if len(flagged):
         assert len(flagged) == 1 and not control.any(), "advice names one decision"
         row = rows[flagged[0]]
-        agents = np.flatnonzero(row[col.advised_agent.slice])
+        pairs = obs[lay.pair_block.slice].reshape(lay.max_subtasks, lay.num_agents, -1)
+        advised = pairs[:, :, lay.pair_col.advised_agent]
+        slots, agents = np.nonzero(advised)
         splits = np.flatnonzero(row[col.advised_split.slice])
-        assert len(agents) == 1 and len(splits) == 1
+        assert slots.tolist() == [flagged[0]] and len(splits) == 1, "one advised (slot, agent)"
         return "start", int(flagged[0]), int(agents[0]), (1, 2, 4)[int(splits[0])]
     assert control.sum() == 1.0
     return ("wait" if g[lay.global_col.advised_wait] else "finish"), -1, -1, 0
@@ -429,6 +431,8 @@ def test_rule_advice_off_leaves_the_columns_zero_in_the_same_layout() -> None:
     for i in differs:
         if i < lay.slots_end:
             assert i % lay.slot_features in cols
+        elif i >= lay.pair_block.start:
+            assert (i - lay.pair_block.start) % lay.pair_features == lay.pair_col.advised_agent
         else:
             assert flags <= i < flags + 2
     assert not o_off[flags : flags + 2].any()

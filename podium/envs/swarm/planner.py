@@ -1,0 +1,215 @@
+"""The rollout planner: Monte-Carlo policy improvement over cpls on the *true* pool model.
+
+A reference line, not a deployable policy: it reads the sub-agents' true profiles
+(``env.true_pool``, i.e. what a pool spec's ``true:`` says), which no production scheduler
+has. It answers "how much better could a scheduler do that knew exactly how the agents
+behave and looked ahead?", the line against which the rule engines and the learned policy
+are read in ``podium bench scheduling --policies ...,planner``.
+
+At each decision with a choice (Bertsekas' rollout algorithm, one-step lookahead):
+
+1. candidates: cpls's own choice first (cpls on the true profiles), then the other valid
+   START actions ranked by cpls's priority (slot by upward rank, agent by expected time to
+   success, split factor 1, 2, 4), the first ``candidates`` in all, and WAIT when valid;
+2. each candidate is applied to a copy of the session (:class:`SwarmSimulator` deep copy,
+   which shares nothing mutable with the original) and cpls runs it to the end, ``rollouts``
+   times, each with *fresh* sub-agent luck (:meth:`SwarmSimulator.fresh_luck`: new seeds for
+   later executions, the executions in flight redrawn given only that they are still
+   running), so the real session's luck is never peeked at. Rollout m uses the same luck for
+   every candidate (common random numbers: the comparison is paired);
+3. the least mean cost wins among the candidates that beat cpls's significantly (paired
+   saving above ``z`` standard errors, :attr:`PlannerConfig.z`) (cost = the environment's negative return: latency / bound, plus
+   its penalties when a rollout ends incomplete); ties keep cpls's choice.
+
+The rollouts step the simulator directly, not the environment: the observation encoding
+would cost more than the rest of a step and no rollout reads it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from podium.envs.swarm.actions import FINISH, START, WAIT
+from podium.envs.swarm.baselines import Command, CplsPolicy
+from podium.envs.swarm.scheduling import PolicyStep, Rng
+from podium.envs.swarm.spec import SPLIT_FACTORS
+from podium.errors import ConfigError
+
+if TYPE_CHECKING:
+    from podium.envs.swarm.env import SwarmEnv
+    from podium.envs.swarm.pool import SubagentPool
+    from podium.envs.swarm.state import SwarmState
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    """Settings of :class:`RolloutPlanner`."""
+
+    candidates: int = 4
+    """K: actions evaluated per decision (cpls's first), plus WAIT when it is valid."""
+    rollouts: int = 16
+    """M: rollouts of cpls to the end per candidate, each with fresh sub-agent luck."""
+    z: float = 2.0
+    """A candidate replaces cpls's choice only when its mean saving over cpls's, paired by
+    rollout, exceeds ``z`` standard errors: with few noisy rollouts the least mean alone is
+    often a lucky draw (the winner's curse), and following it made the planner worse than
+    cpls. 0 follows the least mean."""
+    seed: int = 0
+    """Seed of the planner's own generator (used when ``act`` is given no ``random.Random``)."""
+
+
+class RolloutPlanner:
+    """Monte-Carlo policy improvement over cpls on the true model (see the module docstring).
+
+    Reads the truth: a reference line for benchmarks, never a policy to deploy.
+    """
+
+    name = "planner"
+
+    def __init__(self, config: PlannerConfig | None = None) -> None:
+        self.config = config or PlannerConfig()
+        if self.config.candidates < 1 or self.config.rollouts < 1:
+            raise ConfigError(
+                f"planner needs candidates >= 1 and rollouts >= 1, got {self.config.candidates} "
+                f"and {self.config.rollouts}"
+            )
+        # A cpls per true pool, shown only that pool: cpls caches upward ranks per task, so
+        # one engine shown two pools would plan the second on the first's numbers.
+        self._engines: dict[int, tuple[SubagentPool, CplsPolicy]] = {}
+        self._rng = random.Random(self.config.seed)
+
+    @property
+    def version(self) -> str:
+        """``"reference:planner"``: decisions of a planner that reads the truth."""
+        return "reference:planner"
+
+    def cpls(self, truth: SubagentPool) -> CplsPolicy:
+        """The cpls engine that plans on ``truth``."""
+        hit = self._engines.get(id(truth))
+        if hit is None or hit[0] is not truth:
+            hit = (truth, CplsPolicy())
+            self._engines[id(truth)] = hit
+        return hit[1]
+
+    def act(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
+        """cpls's choice on the true pool, unless a candidate's rollouts beat it clearly (see
+        the module docstring)."""
+        assert env.sim is not None
+        truth = env.true_pool or env.pool
+        cpls = self.cpls(truth)
+        mask = env.action_masks()
+        valid = np.flatnonzero(mask)
+        own = cpls.decide(_viewed(env.sim.state, truth)).encode(env.codec)
+        if len(valid) == 1 or own == env.codec.finish:
+            return PolicyStep(own)
+        candidates = _candidates(cpls, env, truth, own, mask, self.config.candidates)
+        if len(candidates) == 1:
+            return PolicyStep(own)
+        r = rng if isinstance(rng, random.Random) else self._rng
+        seeds = [r.getrandbits(63) for _ in range(self.config.rollouts)]
+        # The rollouts end where the episode would be truncated.
+        limit = (env.config.max_steps or 50 * len(env.task.subtasks) + 100) - len(env.decisions)
+        costs = [[_rollout(cpls, env, truth, a, s, limit) for s in seeds] for a in candidates]
+        return PolicyStep(candidates[_choose(costs, self.config.z)])
+
+
+def _candidates(
+    cpls: CplsPolicy,
+    env: SwarmEnv,
+    truth: SubagentPool,
+    own: int,
+    mask: NDArray[np.bool_],
+    k_max: int,
+) -> list[int]:
+    """cpls's choice, then valid STARTs by cpls's priority up to K, then WAIT if valid."""
+    state = _viewed(env.state, truth)
+    out = [own]
+    codec = env.codec
+    for slot in cpls.priority(state):
+        if state.runnable[slot] <= 0:
+            continue
+        for agent in cpls.agent_order(state, state.kind_of(slot)):
+            for k in SPLIT_FACTORS:
+                if len(out) >= k_max:
+                    break
+                a = codec.start(slot, agent, k)
+                if mask[a] and a not in out:
+                    out.append(a)
+    if mask[codec.wait] and codec.wait not in out:
+        out.append(codec.wait)
+    return out
+
+
+def _rollout(
+    cpls: CplsPolicy, env: SwarmEnv, truth: SubagentPool, action: int, seed: int, limit: int
+) -> float:
+    """Cost of ``action`` then cpls to the end, on a copy of ``env``'s session with fresh
+    luck (the simulator alone: no rollout reads an observation)."""
+    twin = copy.deepcopy(env.sim)
+    assert twin is not None
+    twin.state.pool = truth  # the copy's cpls plans on the truth; the original is untouched
+    twin.fresh_luck(seed)
+    state = twin.state
+    kind, slot, agent, k = env.codec.decode(action)
+    command = Command(kind, slot, agent, k if kind == START else 1)
+    steps = 0
+    while True:
+        steps += 1
+        if command.type == FINISH:
+            break
+        if command.type == WAIT:
+            twin.wait()
+        else:
+            twin.decide()
+            twin.start(command.slot, command.agent, command.k)
+            twin.deliver_due()
+        if state.all_done or state.loop_detected or steps >= limit:
+            break
+        command = cpls.decide(state)
+    return _cost(state, env)
+
+
+def _choose(costs: list[list[float]], z: float) -> int:
+    """Index of the candidate to take: the least mean cost among those whose paired saving
+    over candidate 0 (cpls's) is significant at ``z`` standard errors; 0 when none is."""
+    best, best_mean = 0, statistics.fmean(costs[0])
+    m = len(costs[0])
+    for i in range(1, len(costs)):
+        saving = [c0 - c for c0, c in zip(costs[0], costs[i], strict=True)]
+        mean = statistics.fmean(saving)
+        se = statistics.pstdev(saving) / math.sqrt(m - 1) if m > 1 else 0.0
+        cost = best_mean if best == 0 else statistics.fmean(costs[best])
+        if mean > z * se and statistics.fmean(costs[i]) < cost:
+            best = i
+    return best
+
+
+def _viewed(state: SwarmState, truth: SubagentPool) -> SwarmState:
+    """``state`` as seen through the true pool (a shallow copy: cpls only reads it)."""
+    if state.pool is truth:
+        return state
+    view = copy.copy(state)
+    view.pool = truth
+    return view
+
+
+def _cost(state: SwarmState, env: SwarmEnv) -> float:
+    """The environment's negative return for an episode ending in ``state``."""
+    cost = state.clock / env.bound.value
+    if not state.all_done:
+        n = state.num_slots
+        cost += env.config.incomplete_penalty * (1.0 - state.done_slots / n)
+        if state.loop_detected:
+            cost += env.config.loop_penalty
+    return cost
+
+
+__all__ = ["PlannerConfig", "RolloutPlanner"]
