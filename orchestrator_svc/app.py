@@ -287,6 +287,11 @@ class OrchestratorApp:
                     self._stats_group,
                     self.stats,
                     split_overhead=self.pool_spec.split_overhead,
+                    # Only a Kafka group is positioned at the end (see start()); an
+                    # in-process one reads its topic from the start anyway.
+                    warm_records=self.config.agent_stats_warm
+                    if isinstance(self.bus, KafkaBus)
+                    else 0,
                 )
             )
             if self.stats is not None

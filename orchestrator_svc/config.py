@@ -7,7 +7,14 @@ from dataclasses import dataclass
 
 from podium import topics
 from podium.bus.kafka import BROKER_MESSAGE_BYTES
-from podium.config import ServiceConfig, env, port, positive_float, positive_int
+from podium.config import (
+    ServiceConfig,
+    env,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+)
 from podium.errors import ConfigError
 from podium.serving.endpoint import LOCAL, parse_backend, policy_backend
 
@@ -159,10 +166,15 @@ class OrchestratorConfig(ServiceConfig):
     agent_stats: bool = env("PODIUM_AGENT_STATS", default=True)
     """Keep a statistics store of what the sub-agents did (:class:`podium.observed.AgentStats`),
     fed by every session of every replica from the trajectory topic (a group of this replica's
-    own, ``<id>.stats.<instance>``, read from its end at start-up: a restarted replica starts
-    from the advertised profiles). Every session's environment reads it: the observation's
+    own, ``<id>.stats.<instance>``, followed from its end at start-up after recording the newest
+    ``PODIUM_AGENT_STATS_WARM`` trajectories of each partition). Every session's environment
+    reads it: the observation's
     estimate columns and ``PODIUM_POLICY=cpls-online``. ``off``: estimates are the pool
     spec's advertised profiles (cpls-online is then plain cpls)."""
+    agent_stats_warm: int = env("PODIUM_AGENT_STATS_WARM", default=200, parse=non_negative_int)
+    """Statistics store: the newest trajectories per partition of the trajectory topic recorded
+    at start-up, so a restarted replica plans on what the sub-agents have been doing (0: start
+    from the advertised profiles)."""
     agent_stats_half_life: float = env(
         "PODIUM_AGENT_STATS_HALF_LIFE", default=200.0, parse=positive_float
     )

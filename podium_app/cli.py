@@ -44,6 +44,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "podium_app.commands.bench_rollout",
         "Shadow twin evaluation throughput and promote propagation to every replica.",
     ),
+    "bench cycle": (
+        "podium_app.commands.bench_cycle",
+        "A drift through the safe-shipping cycle: a live policy that learns vs a frozen one vs the rules.",
+    ),
     "rollout": (
         "podium_app.commands.rollout",
         "Drive and inspect the rollout of a candidate policy: status, promote, rollback, report.",

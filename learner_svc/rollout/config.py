@@ -4,7 +4,9 @@ Every ``PODIUM_ROLLOUT_*`` rule setting maps 1:1 onto a field of
 :class:`podium.rollout.RolloutSettings` (or its :class:`~podium.rollout.AdvantageRule` and
 :class:`~podium.rollout.GuardrailConfig`), whose defaults are the production ones (a 72-hour
 cycle, a week per stage, a 500-session shadow window); tests compress time by setting them.
-The gRPC settings (tokens, TLS) are the orchestrator's, so one Secret serves both.
+The gRPC settings (tokens, TLS) are the orchestrator's, so one Secret serves both; so are the
+statistics store's half-life and prior weight (``PODIUM_AGENT_STATS_*``), so one ConfigMap
+gives the controller's store the orchestrators' settings.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from podium.config import (
     positive_int,
 )
 from podium.errors import ConfigError
+from podium.observed import AgentStats
 from podium.rollout import AdvantageRule, GuardrailConfig, RolloutSettings
 
 _RULE = RolloutSettings()
 _SHADOW = AdvantageRule()
 _GUARD = GuardrailConfig()
+_STORE = AgentStats()
 
 GROUP_PREFIX = "rollout"
 """The Kafka principal ``rollout`` may use only groups and transactional ids starting so."""
@@ -60,10 +64,22 @@ RULE_FIELDS = {
 """How the rule classes' field names map onto the settings (1:1, by prefix)."""
 
 
+STORE_FIELDS = {
+    "half_life": "PODIUM_AGENT_STATS_HALF_LIFE",
+    "prior_weight": "PODIUM_AGENT_STATS_PRIOR_WEIGHT",
+}
+"""The statistics store's constructor arguments -> the variables that set them."""
+
+
 def settings_named(message: str) -> str:
     """``message`` of a rule class's ConfigError with each ``Class.field`` replaced by the
-    variable that sets it (``AdvantageRule.window`` -> ``PODIUM_ROLLOUT_SHADOW_WINDOW``)."""
+    variable that sets it (``AdvantageRule.window`` -> ``PODIUM_ROLLOUT_SHADOW_WINDOW``), and
+    the statistics store's leading argument name likewise (``half_life`` ->
+    ``PODIUM_AGENT_STATS_HALF_LIFE``)."""
     out = message
+    for name, var in STORE_FIELDS.items():
+        if out.startswith(f"{name} "):
+            out = var + out[len(name) :]
     for cls, prefix in RULE_FIELDS.items():
         while cls in out:
             head, _, tail = out.partition(cls)
@@ -168,6 +184,21 @@ class ControllerSettings:
     files or directories); empty = only rule versions can be candidates."""
     pool_spec: str = env("PODIUM_POOL_SPEC", default="")
     """Pool spec twins simulate (the orchestrator's); empty = the shipped default."""
+    agent_stats: bool = env("PODIUM_ROLLOUT_AGENT_STATS", default=True)
+    """Keep a statistics store of the sub-agents (:class:`podium.observed.AgentStats`), fed
+    once by every scored trajectory absorbed and checkpointed with the evidence; twins then
+    simulate the sub-agents as observed (the store's estimated pool) and every policy reads
+    it. ``off``: twins simulate the pool spec (its ``true:`` profiles if it carries any)."""
+    agent_stats_half_life: float = env(
+        "PODIUM_AGENT_STATS_HALF_LIFE", default=_STORE.half_life, parse=positive_float
+    )
+    """Statistics store: executions of one (agent, kind) after which an observation weighs
+    half (the orchestrator's setting of the same name)."""
+    agent_stats_prior_weight: float = env(
+        "PODIUM_AGENT_STATS_PRIOR_WEIGHT", default=_STORE.prior_weight, parse=positive_float
+    )
+    """Statistics store: how many executions an advertised profile is worth (the
+    orchestrator's setting of the same name)."""
 
     def __post_init__(self) -> None:
         if not self.group_id.startswith(GROUP_PREFIX):
@@ -177,8 +208,15 @@ class ControllerSettings:
             )
         try:
             self.rollout_settings()
+            self.new_agent_stats()  # checked even when off: a bad value is a bad value
         except ConfigError as exc:  # the rules' own checks, said in the settings' names
             raise ConfigError(settings_named(str(exc))) from exc
+
+    def new_agent_stats(self) -> AgentStats:
+        """An empty statistics store with these settings (validated there)."""
+        return AgentStats(
+            half_life=self.agent_stats_half_life, prior_weight=self.agent_stats_prior_weight
+        )
 
     def rollout_settings(self) -> RolloutSettings:
         """The state machine's rules these settings give (validated there)."""

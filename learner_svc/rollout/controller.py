@@ -25,6 +25,13 @@ canary and baseline sessions to the guardrails, rolls back at the first breach a
 once a stage has served its period. A pause holds every step forward (proposals, verdicts
 that pass, stage advances; shadow comparisons are not counted while paused) but never a
 guardrail rollback or a failing verdict: safety is not paused.
+
+The statistics store of the sub-agents (``PODIUM_ROLLOUT_AGENT_STATS``) is part of the
+evidence: every scored trajectory absorbed (any arm, any stage, paused or not: they all ran
+on the real sub-agents) feeds it once, in the batch's transaction, so a restart neither loses
+nor double-counts an execution; twins (shadow, the offline check) run on a snapshot of the
+store as committed before the batch: outcomes drawn from its estimated pool, every policy
+reading it (:mod:`learner_svc.rollout.twins`).
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from podium import codec
 from podium.bus import Bus, InProcBus, KafkaBus, read_committed, read_tail
 from podium.bus.base import TP, PartitionTransaction, Record, TopicSpec, TransactionFencedError
 from podium.errors import BusError, ConfigError, DecodeError, PodiumError, RolloutConflict
+from podium.observed import AgentStats
 from podium.rollout import (
     advance,
     can_advance,
@@ -126,12 +134,23 @@ class ControllerStats:
     """Records that are not a ScoredTrajectory (logged, skipped)."""
     no_twin: int = 0
     """Shadow sessions without a twin (no task or seed recorded)."""
+    executions: int = 0
+    """Executions recorded into the statistics store (counted once committed)."""
+    unrecorded: int = 0
+    """Trajectories absorbed whose executions could not be recorded in the store (logged)."""
     claims: int = 0
     """Times this controller claimed the writer role."""
     fenced: int = 0
     """Times a write was fenced or failed and the registry had to be re-read."""
     transitions: list[int] = field(default_factory=list)
     """Kinds of the transitions this controller wrote, in order."""
+
+    def fed(self, recorded: int | None) -> None:
+        """Count what :meth:`Evidence.record_executions` returned for one trajectory."""
+        if recorded is None:
+            self.unrecorded += 1
+        else:
+            self.executions += recorded
 
 
 def scored_of(record: Record) -> reward_pb2.ScoredTrajectory | None:
@@ -216,6 +235,8 @@ def status_evidence(evidence: Evidence, state: rollout_pb2.RolloutState) -> roll
     if evidence.guardrails is not None:
         ev.guardrails.extend(evidence.guardrails.readings())
         ev.figures["stage_sessions"] = float(evidence.stage_sessions)
+    if evidence.stats is not None:  # every execution it ever recorded (its version)
+        ev.figures["agent_stats_executions"] = float(evidence.stats.version)
     return ev
 
 
@@ -241,8 +262,10 @@ class RolloutController:
             [settings.in_topic], settings.group_id, settings.group_id, client_id=instance
         )
         self.member.on_rebalance(assigned=self._assigned, revoked=self._revoked)
+        self.split_overhead = runner.pool.split_overhead
+        """The pool's merge overhead: the work of a merge the store records."""
         self.registry = Registry()
-        self.evidence = Evidence.fresh(self.rules)
+        self.evidence = Evidence.fresh(self.rules, self._empty_store())
         self.stats = ControllerStats()
         self._is_writer = asyncio.Event()
         self._partitions = 0
@@ -254,6 +277,11 @@ class RolloutController:
     @property
     def group_id(self) -> str:
         return self.settings.group_id
+
+    def _empty_store(self) -> AgentStats | None:
+        """An empty statistics store with the settings' half-life and prior weight (None:
+        ``PODIUM_ROLLOUT_AGENT_STATS=off``)."""
+        return self.settings.new_agent_stats() if self.settings.agent_stats else None
 
     @property
     def writer(self) -> bool:
@@ -398,17 +426,19 @@ class RolloutController:
         the checkpoint belongs to that state (else only its absorbed offsets)."""
         self.registry = registry
         cp, state = registry.checkpoint, registry.state
+        store = self._empty_store()
         if cp is None or state is None:
-            self.evidence = Evidence.fresh(self.rules)
+            self.evidence = Evidence.fresh(self.rules, store)
             return
-        self.evidence = Evidence.from_checkpoint(self.rules, cp, state)
+        self.evidence = Evidence.from_checkpoint(self.rules, cp, state, store)
         if cp.seq != state.seq:
             _log.warning(
                 "rollout: checkpoint of seq %d under state %d: evidence restarted",
                 cp.seq,
                 state.seq,
             )
-            fresh = Evidence.fresh(self.rules)
+            # The store describes the sub-agents, not the rollout: it carries over.
+            fresh = Evidence.fresh(self.rules, self.evidence.stats)
             fresh.absorbed = dict(cp.absorbed)
             fresh.enter(rollout_pb2.RolloutState(), state)
             self.evidence = fresh
@@ -524,12 +554,13 @@ class RolloutController:
             ev.enter(state, step[0])
             state = step[0]
             transitions.append(step[1])
-        absorbed = 0
+        absorbed, fed = 0, ControllerStats()
         for i, s in enumerate(scored):
             if ev.seen(s.trajectory.trajectory_id):
                 self.stats.skipped_duplicate += 1
                 continue
             absorbed += 1
+            fed.fed(ev.record_executions(s.trajectory, self.split_overhead))
             observed = self._observe(state, ev, s, diffs[i] if i < len(diffs) else None)
             if observed is not None:
                 ev.enter(state, observed[0])
@@ -538,6 +569,8 @@ class RolloutController:
         ev.absorbed[key] = max(r.offset for r in records) + 1
         await self._write(tp, transitions, ev, records)
         self.stats.absorbed += absorbed  # counted once committed
+        self.stats.executions += fed.executions
+        self.stats.unrecorded += fed.unrecorded
 
     async def _shadow_diffs(
         self, state: rollout_pb2.RolloutState, scored: Sequence[reward_pb2.ScoredTrajectory]
@@ -551,7 +584,10 @@ class RolloutController:
         trajs = [s.trajectory if s.trajectory.arm.role in SERVED_ROLES else None for s in scored]
         wanted = [t for t in trajs if t is not None]
         try:
-            out = await self.runner.paired(state.candidate_version, state.live_version, wanted)
+            # The store as committed before this batch (self.evidence, not the batch's copy).
+            out = await self.runner.paired(
+                state.candidate_version, state.live_version, wanted, self.evidence.stats
+            )
         except PodiumError as exc:
             if exc.retriable:
                 raise
@@ -720,7 +756,9 @@ class RolloutController:
             if t is not None and t.arm.role in SERVED_ROLES
         ][:n]
         try:
-            out = await self.runner.paired(state.candidate_version, state.live_version, trajs)
+            out = await self.runner.paired(
+                state.candidate_version, state.live_version, trajs, self.evidence.stats
+            )
         except PodiumError as exc:
             if exc.retriable:
                 raise

@@ -2,8 +2,10 @@
 
 :class:`Evidence` is everything a restarted controller needs to go on counting where the last
 one stopped: the absorbed input offsets, the shadow window, the stage's guardrails, the
-stage's canary sessions, sessions per arm, the review sample and a bounded set of trajectory
-ids already counted. It round-trips through :class:`~podium.v1.rollout_pb2.ControllerCheckpoint`,
+stage's canary sessions, sessions per arm, the review sample, a bounded set of trajectory
+ids already counted, and the statistics store of the sub-agents (fed once by every
+trajectory absorbed; unlike the rest it outlives rollouts: it describes the sub-agents, not
+a candidate). It round-trips through :class:`~podium.v1.rollout_pb2.ControllerCheckpoint`,
 which is written in the same transaction as the input offsets it covers.
 
 :class:`Registry` is what the rollout topic says: the newest state, the recent transitions and
@@ -13,6 +15,7 @@ the checkpoint (:func:`load_registry` reads it from the topic's records).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -22,7 +25,8 @@ from google.protobuf.message import Message
 
 from podium import codec
 from podium.bus.base import Record
-from podium.errors import DecodeError
+from podium.errors import ConfigError, DecodeError, PodiumError
+from podium.observed import AgentStats
 from podium.rollout import (
     DEFAULT_GUARDRAILS,
     AdvantageWindow,
@@ -70,6 +74,44 @@ def review_sampled(session_id: str, sample_bp: int) -> bool:
     return int.from_bytes(digest[:8], "big") % 10_000 < sample_bp
 
 
+def stats_bytes(stats: AgentStats | None) -> bytes:
+    """The checkpoint form of a statistics store: UTF-8 JSON of its ``to_dict()`` (empty when
+    there is none)."""
+    if stats is None:
+        return b""
+    return json.dumps(stats.to_dict(), separators=(",", ":")).encode()
+
+
+def stats_from_checkpoint(
+    cp: rollout_pb2.ControllerCheckpoint, store: AgentStats | None
+) -> AgentStats | None:
+    """The statistics store ``cp`` holds, under the settings of ``store`` (the half-life and
+    prior weight configured now win; the decayed sums carry over: the prior weight is applied
+    when an estimate is read, the half-life to what is recorded next). None when ``store`` is
+    None (the store is off). An empty store when the checkpoint has none (an older controller
+    wrote it, or the store was off) or one that cannot be read (logged: the evidence of the
+    sub-agents starts over from their advertisements; the rest of the checkpoint still
+    counts, and one bad field must not stop the controller)."""
+    if store is None:
+        return None
+    empty = AgentStats(half_life=store.half_life, prior_weight=store.prior_weight)
+    if not cp.agent_stats:
+        return empty
+    try:
+        data = json.loads(cp.agent_stats.decode("utf-8"))
+        if isinstance(data, dict):
+            data = {**data, "half_life": store.half_life, "prior_weight": store.prior_weight}
+        return AgentStats.from_dict(data)
+    except (ValueError, ConfigError) as exc:  # UnicodeDecodeError, JSONDecodeError included
+        _log.error(
+            "rollout: the checkpoint's agent stats (seq %d) are unreadable (%s): the store "
+            "starts over from the advertised profiles",
+            cp.seq,
+            exc,
+        )
+        return empty
+
+
 def arm_label(arm: trajectory_pb2.Arm) -> str:
     """``<role>:<version>`` of a trajectory's arm, e.g. ``canary:7`` (the checkpoint's key,
     as :attr:`podium.rollout.Route.label` names arms)."""
@@ -89,14 +131,16 @@ class Evidence:
     arm_sessions: dict[str, int] = field(default_factory=dict)
     review_queue: deque[str] = field(default_factory=lambda: deque(maxlen=KEEP_REVIEW))
     compared: deque[str] = field(default_factory=lambda: deque(maxlen=KEEP_COMPARED))
+    stats: AgentStats | None = None
+    """What the sub-agents were observed to do (None: the store is off)."""
 
     def __post_init__(self) -> None:
         self._compared_set = set(self.compared)
 
     @classmethod
-    def fresh(cls, settings: RolloutSettings) -> Evidence:
-        """Nothing counted yet."""
-        return cls(settings)
+    def fresh(cls, settings: RolloutSettings, stats: AgentStats | None = None) -> Evidence:
+        """Nothing counted yet; ``stats``: an empty statistics store (None: off)."""
+        return cls(settings, stats=stats)
 
     @classmethod
     def from_checkpoint(
@@ -104,9 +148,11 @@ class Evidence:
         settings: RolloutSettings,
         cp: rollout_pb2.ControllerCheckpoint,
         state: rollout_pb2.RolloutState,
+        store: AgentStats | None = None,
     ) -> Evidence:
         """The evidence a checkpoint holds, for a rollout in ``state`` (the shadow window
-        exists only in SHADOW, the guardrails only while STAGED)."""
+        exists only in SHADOW, the guardrails only while STAGED); its statistics store under
+        ``store``'s settings (:func:`stats_from_checkpoint`; None: the store is off)."""
         return cls(
             settings,
             absorbed=dict(cp.absorbed),
@@ -124,6 +170,7 @@ class Evidence:
             arm_sessions={k: int(v) for k, v in cp.arm_sessions.items()},
             review_queue=deque(cp.review_queue, maxlen=KEEP_REVIEW),
             compared=deque(cp.compared, maxlen=KEEP_COMPARED),
+            stats=stats_from_checkpoint(cp, store),
         )
 
     def to_checkpoint(self, state: rollout_pb2.RolloutState) -> rollout_pb2.ControllerCheckpoint:
@@ -134,6 +181,7 @@ class Evidence:
             stage_sessions=self.stage_sessions,
             review_queue=list(self.review_queue),
             compared=list(self.compared),
+            agent_stats=stats_bytes(self.stats),
         )
         cp.absorbed.update(self.absorbed)
         cp.arm_sessions.update(self.arm_sessions)
@@ -145,7 +193,7 @@ class Evidence:
 
     def copy(self, state: rollout_pb2.RolloutState) -> Evidence:
         """An independent copy (through the checkpoint form: the one serialisation)."""
-        return Evidence.from_checkpoint(self.settings, self.to_checkpoint(state), state)
+        return Evidence.from_checkpoint(self.settings, self.to_checkpoint(state), state, self.stats)
 
     def seen(self, trajectory_id: str) -> bool:
         """Whether ``trajectory_id`` was counted already; remembers it if not."""
@@ -158,6 +206,26 @@ class Evidence:
         self.compared.append(trajectory_id)
         self._compared_set.add(trajectory_id)
         return False
+
+    def record_executions(
+        self, trajectory: trajectory_pb2.Trajectory, split_overhead: float
+    ) -> int | None:
+        """Feed the statistics store with ``trajectory``'s finished executions (the caller
+        feeds each trajectory once: :meth:`seen`); how many were recorded, 0 when the store is
+        off. A trajectory whose executions do not fit its task is logged and not recorded at
+        all (None): the store loses one session's evidence, the rest of the evidence still
+        counts the session."""
+        if self.stats is None:
+            return 0
+        try:
+            return self.stats.record_trajectory(trajectory, split_overhead=split_overhead)
+        except PodiumError as exc:  # DecodeError: nothing of it was recorded
+            _log.warning(
+                "rollout: trajectory %r not recorded in the agent stats: %s",
+                trajectory.trajectory_id,
+                exc,
+            )
+            return None
 
     def count_arm(self, arm: trajectory_pb2.Arm) -> None:
         """One more session on ``arm``."""

@@ -3,7 +3,9 @@
 :class:`Candidates` follows the policy-updates topic and keeps the announcements that verify
 (:mod:`podium.policy.signing`): only those, and rule engines (``rules:<name>``), can walk the
 path. :class:`TwinRunner` builds each version's twin policy once and runs paired twins
-(:mod:`podium.rollout.twins`) off the event loop, in lock-step batches.
+(:mod:`podium.rollout.twins`) off the event loop, in lock-step batches, on the sub-agents as
+the controller's statistics store observed them (a snapshot taken when the twins start: the
+store's estimated pool, which every policy reads too), or on the pool spec without a store.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from podium.codec import unpack_as
 from podium.envs.swarm.baselines import BASELINES
 from podium.envs.swarm.spec import PoolSpec
 from podium.errors import PodiumError
+from podium.observed import AgentStats
 from podium.policy.signing import TrustedKeys, verify_announcement
 from podium.policy.swarm import MODEL_NAME
 from podium.policy.versions import is_version_number
@@ -78,9 +81,20 @@ class TwinRunner:
     """Paired twins of recorded sessions, candidate against incumbent."""
 
     def __init__(self, pool: PoolSpec, candidates: Candidates, *, batch: int = 32) -> None:
+        self.pool = pool
+        """The pool spec the sessions ran on (what policies read; ``PODIUM_POOL_SPEC``)."""
+        self.batch = batch
         self.evaluator = TwinEvaluator(pool, batch=batch)
+        """Twins without a store: outcomes from the pool spec."""
         self.candidates = candidates
         self._policies: dict[str, TwinPolicy] = {}
+
+    def evaluator_for(self, stats: AgentStats | None) -> TwinEvaluator:
+        """Twins that read ``stats`` and draw outcomes from its estimated pool (the pool spec's
+        evaluator when None). ``stats`` is read while the twins run: hand over a snapshot."""
+        if stats is None:
+            return self.evaluator
+        return TwinEvaluator(self.pool, batch=self.batch, stats=stats)
 
     def policy(self, version: str) -> TwinPolicy:
         """The twin policy of ``version`` (built once; raises ArtifactError /
@@ -96,22 +110,34 @@ class TwinRunner:
         return policy
 
     def paired_now(
-        self, candidate: str, incumbent: str, trajectories: Sequence[trajectory_pb2.Trajectory]
+        self,
+        candidate: str,
+        incumbent: str,
+        trajectories: Sequence[trajectory_pb2.Trajectory],
+        stats: AgentStats | None = None,
     ) -> list[float | None]:
-        """Per trajectory: candidate return - incumbent return on its twin, or None when it
-        has no twin (no task or seed recorded). Blocking: call through :meth:`paired`."""
+        """Per trajectory: candidate return - incumbent return on its twin (on the sub-agents
+        as ``stats`` observed them, see :meth:`evaluator_for`), or None when it has no twin
+        (no task or seed recorded). Blocking: call through :meth:`paired`."""
         cases = [twin_case(t) for t in trajectories]
         runnable = [c for c in cases if c is not None]
         if not runnable:
             return [None] * len(cases)
-        diffs = iter(
-            self.evaluator.paired(self.policy(candidate), self.policy(incumbent), runnable)
-        )
+        evaluator = self.evaluator_for(stats)
+        diffs = iter(evaluator.paired(self.policy(candidate), self.policy(incumbent), runnable))
         return [None if c is None else float(next(diffs)) for c in cases]
 
     async def paired(
-        self, candidate: str, incumbent: str, trajectories: Sequence[trajectory_pb2.Trajectory]
+        self,
+        candidate: str,
+        incumbent: str,
+        trajectories: Sequence[trajectory_pb2.Trajectory],
+        stats: AgentStats | None = None,
     ) -> list[float | None]:
         """:meth:`paired_now` in a worker thread, so the event loop (commands, heartbeats)
-        goes on while the twins run."""
-        return await asyncio.to_thread(self.paired_now, candidate, incumbent, trajectories)
+        goes on while the twins run; on a snapshot of ``stats`` taken now (the loop may feed
+        the store meanwhile, and a store is not thread-safe)."""
+        snapshot = None if stats is None else stats.copy()
+        return await asyncio.to_thread(
+            self.paired_now, candidate, incumbent, trajectories, snapshot
+        )

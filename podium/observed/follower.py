@@ -8,6 +8,12 @@ the follower never stops. Only the follower's own position is at stake, so a rep
 restart without a committed position, or when a group is new) would count sessions twice; the
 orchestrator positions the group at the end on start, and a store is a decayed average that a
 few duplicated sessions move no more than a few extra sessions would.
+
+A fresh store knows nothing, so :meth:`StatsFollower.start` first records the newest
+``warm_records`` trajectories of each partition (oldest first, by record time): a replica
+restarted after a drift plans on what the sub-agents have been doing, not on their
+advertisements. A session published between that read and the group's position may be counted
+twice, which the decayed average tolerates as above.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 from podium import codec, topics
 from podium.bus.base import Bus, Record
 from podium.bus.follower import TopicFollower
+from podium.bus.read import read_tail
 from podium.errors import PodiumError
 from podium.observed.store import AgentStats
 from podium.v1 import trajectory_pb2
@@ -35,20 +42,35 @@ class StatsFollower(TopicFollower):
         *,
         topic: str = topics.TRAJECTORIES,
         split_overhead: float | None = None,
+        warm_records: int = 0,
     ) -> None:
         """``group_id``: this replica's own group (e.g. ``<group>.stats.<instance>``);
         ``split_overhead``: the pool's merge overhead (see
-        :meth:`AgentStats.record_trajectory`; None: the default pool's)."""
+        :meth:`AgentStats.record_trajectory`; None: the default pool's); ``warm_records``:
+        newest trajectories per partition recorded at :meth:`start` (0: none)."""
         super().__init__(bus, [topic], group_id)
         self.stats = stats
         self.topic = topic
         self.split_overhead = split_overhead
+        self.warm_records = warm_records
         self.trajectories = 0
         """Trajectories recorded."""
         self.executions = 0
         """Executions recorded."""
         self.skipped = 0
         """Records skipped as unreadable or inconsistent (each logged)."""
+
+    async def start(self) -> None:
+        """Record the topic's newest trajectories (``warm_records`` per partition), then
+        follow it."""
+        if self.warm_records > 0:
+            tail = await read_tail(self.bus, self.topic, self.warm_records)
+            for record in sorted(tail, key=lambda r: (r.timestamp_ms, r.partition, r.offset)):
+                self.apply(record)
+            _log.info(
+                "agent stats warmed from %d trajectories of %s", self.trajectories, self.topic
+            )
+        await super().start()
 
     async def handle(self, records: list[Record]) -> None:
         for record in records:

@@ -23,7 +23,13 @@ from podium.envs.swarm import PolicyStep, Rng, SwarmEnv
 from podium.envs.swarm.observation import ObservationLayout
 from podium.errors import ArtifactError
 from podium.policy.agent import SwarmAgent, guard_mask
-from podium.policy.artifacts import ArtifactRef, LoadedWeights, load_weights, publish_weights
+from podium.policy.artifacts import (
+    WEIGHTS_FILE,
+    ArtifactRef,
+    LoadedWeights,
+    load_weights,
+    publish_weights,
+)
 from podium.policy.network import NetworkConfig, SwarmPolicyNet
 from podium.policy.versions import is_version_number
 
@@ -217,12 +223,16 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if candidate.is_file():
             return candidate
     versions = sorted(
-        (d for d in (p / "checkpoints" / MODEL_NAME).glob("*") if is_version_number(d.name)),
-        key=lambda d: int(d.name),
+        (
+            int(d.name)
+            for d in (p / "checkpoints" / MODEL_NAME).glob("*")
+            if is_version_number(d.name) and (d / WEIGHTS_FILE).is_file()
+        ),
     )
-    if versions and (versions[-1] / "model.safetensors").is_file():
-        return versions[-1] / "model.safetensors"
-    found = sorted(p.glob("**/*.safetensors"))
+    if versions:
+        return p / "checkpoints" / MODEL_NAME / str(versions[-1]) / WEIGHTS_FILE
+    # Anything else: the newest file written, never the alphabetically last ("9" > "10").
+    found = sorted(p.glob("**/*.safetensors"), key=lambda f: f.stat().st_mtime)
     if not found:
         raise ArtifactError(f"no policy checkpoint (*.safetensors) under {p}")
     return found[-1]

@@ -6,7 +6,8 @@ seeds hash it with *what* runs, not with the order things start), so every polic
 the twin meets the same sub-agent luck on every unit of work (common random numbers): the
 paired difference of two policies' returns on one twin is a low-variance comparison of the
 policies, not of their luck. A twin of a live session run by the policy that served it
-reproduces the session exactly (same decisions, same latency); twins never touch sub-agents.
+reproduces the session exactly (same decisions, same latency) when it meets the sub-agents the
+session met (below); twins never touch sub-agents.
 
 * :func:`twin_case` takes a session's ``Trajectory`` (its task and ``labels["seed"]``);
 * :class:`TwinPolicy` is a rule engine (``"rules:cpls"``, :func:`rule_twin`) or a learned
@@ -17,9 +18,23 @@ reproduces the session exactly (same decisions, same latency); twins never touch
   session of that policy, and returns each twin's environment return (the sum of its step
   rewards: −latency / lower bound, minus the incompletion penalty) or the paired differences.
 
-``true_pool``: the sub-agents as they really behave (:mod:`podium.envs.swarm.drift`), while both
-policies keep reading the nominal pool spec, as the live ones do. A learned version twins on
-any pool (it reads agents by their features); the pool it was trained on is kept for reports.
+**Which sub-agents a twin meets.** ``true_pool``: the sub-agents as they really behave
+(:mod:`podium.envs.swarm.drift`), while both policies keep reading the nominal pool spec, as
+the live ones do — only a caller that knows the truth can give it (tests, benches). A real
+controller cannot: with a statistics store (``stats=``, :class:`~podium.observed.AgentStats`)
+and no ``true_pool``, outcomes are drawn from the store's *estimated* pool
+(:meth:`~podium.observed.AgentStats.estimated_pool`, taken at each :meth:`TwinEvaluator.run`),
+so the luck is still the session's (same seed, same draws) but the profiles are the ones
+observed: after the sub-agents drift, policies are compared on the world as it is now seen,
+not as the pool spec advertises it — the best the controller knows. Every policy reads the
+same store, as live sessions do: cpls-online plans on its estimates, a learned version sees
+them in its observation's estimate columns. Twins never feed it. The price: a twin on the
+estimated pool reproduces its live session only as far as the estimate is the truth (exactly
+only on the pool it ran on, with no store). Without either, outcomes come from the nominal
+pool (or from the ``true:`` profiles its spec carries).
+
+A learned version twins on any pool (it reads agents by their features); the pool it was
+trained on is kept for reports.
 """
 
 from __future__ import annotations
@@ -226,23 +241,39 @@ class TwinEvaluator:
         if batch < 1:
             raise ConfigError(f"batch must be >= 1, got {batch}")
         self.stats = stats
-        """The statistics store twins read (estimates in the observation, online advice);
-        never fed: a twin is a simulation, not a session. None: estimates = advertised."""
+        """The statistics store twins read (estimates in the observation, cpls-online) and,
+        without ``true_pool``, draw outcomes from (its estimated pool); never fed: a twin is a
+        simulation, not a session. None: estimates = advertised."""
         self.pool = SubagentPool(pool)
         """The nominal pool: what the policies read."""
+        self.advertised = (
+            self.pool if pool.advertised() is pool else SubagentPool(pool.advertised())
+        )
+        """The nominal pool with any truth and drift stripped (beside an estimated pool)."""
         self.true_pool = None if true_pool is None else SubagentPool(true_pool)
-        """The pool outcomes are sampled from (None: the nominal one)."""
+        """The pool outcomes are sampled from, when the caller knows it (see
+        :meth:`outcome_pool`)."""
         self.batch = batch
         """Twins in flight at once (one batched forward pass per step for a learned policy)."""
+        self._estimated: tuple[tuple[int, int], SubagentPool] | None = None
+
+    def outcome_pool(self) -> SubagentPool | None:
+        """What twins draw outcomes from now: ``true_pool`` when given; else the store's
+        estimated pool at its current version (rebuilt only when the store changed); else
+        None (the nominal pool, or the truth its spec carries)."""
+        if self.true_pool is not None or self.stats is None:
+            return self.true_pool
+        key = (id(self.stats), self.stats.version)
+        if self._estimated is None or self._estimated[0] != key:
+            estimated = SubagentPool(self.stats.estimated_pool(self.pool.spec))
+            self._estimated = (key, estimated)
+        return self._estimated[1]
 
     def run(self, policy: TwinPolicy, cases: Sequence[TwinCase]) -> list[TwinOutcome]:
         """Every case's twin under ``policy``, in case order."""
-        by_slots: dict[int, list[int]] = {}
-        for i, case in enumerate(cases):
-            by_slots.setdefault(policy.slots(len(case.task.subtasks)), []).append(i)
         out: list[TwinOutcome | None] = [None] * len(cases)
-        for slots, idx in by_slots.items():
-            episodes = self._episodes(policy, slots, [cases[i] for i in idx])
+        for slots, idx in _by_slots(policy, cases).items():
+            episodes, _ = self._episodes(policy, slots, [cases[i] for i in idx])
             for i, ep in zip(idx, episodes, strict=True):
                 out[i] = TwinOutcome(
                     session_id=cases[i].session_id,
@@ -252,6 +283,21 @@ class TwinEvaluator:
                     lower_bound=float(ep.info["lower_bound"]),
                 )
         return [o for o in out if o is not None]
+
+    def trajectories(
+        self, policy: TwinPolicy, cases: Sequence[TwinCase]
+    ) -> list[trajectory_pb2.Trajectory]:
+        """Every case's twin as the ``Trajectory`` a session of it records (decisions,
+        executions, ``labels["seed"]``; ``session_id`` the case's), in case order: what a
+        statistics store is fed, for benches and tests. Twins themselves are never published."""
+        out: list[trajectory_pb2.Trajectory | None] = [None] * len(cases)
+        for slots, idx in _by_slots(policy, cases).items():
+            _, trajs = self._episodes(policy, slots, [cases[i] for i in idx], trajectories=True)
+            for i, traj in zip(idx, trajs, strict=True):
+                traj.session_id = cases[i].session_id
+                traj.policy_version = policy.version
+                out[i] = traj
+        return [t for t in out if t is not None]
 
     def returns(self, policy: TwinPolicy, cases: Sequence[TwinCase]) -> list[float]:
         """Each case's environment return under ``policy``, in case order."""
@@ -264,25 +310,44 @@ class TwinEvaluator:
         theirs = self.returns(incumbent, cases)
         return [c - i for c, i in zip(self.returns(candidate, cases), theirs, strict=True)]
 
-    def _episodes(self, policy: TwinPolicy, slots: int, cases: Sequence[TwinCase]) -> list[Episode]:
-        """``cases`` (all ``slots`` wide) run to their ends in lock-step."""
+    def _episodes(
+        self,
+        policy: TwinPolicy,
+        slots: int,
+        cases: Sequence[TwinCase],
+        *,
+        trajectories: bool = False,
+    ) -> tuple[list[Episode], list[trajectory_pb2.Trajectory]]:
+        """``cases`` (all ``slots`` wide) run to their ends in lock-step (and their
+        trajectories, when asked)."""
         named = _unique_names(c.task for c in cases)
+        outcomes = self.outcome_pool()
+        # Beside an estimated pool the nominal one must carry no truth of its own (the env
+        # refuses the truth given two ways); a caller's true_pool keeps today's contract.
+        estimated = outcomes is not None and outcomes is not self.true_pool
         envs = SwarmEnv.replicas(
             min(self.batch, len(cases)),
             list(named.values()),
-            self.pool,
+            self.advertised if estimated else self.pool,
             replace(policy.env_config(slots), feed_stats=False),
-            true_pool=self.true_pool,
+            true_pool=outcomes,
             stats=self.stats,
         )
         jobs = [Job(named[c.task], c.seed) for c in cases]
         if policy.rule is not None:
-            episodes, _ = run_episodes(envs, jobs, rule=policy.rule)
-        else:
-            assert policy.net is not None
-            agent = SwarmAgent(envs[0].layout, net=policy.net)
-            episodes, _ = run_episodes(envs, jobs, agent=agent, greedy=True)
-        return episodes
+            return run_episodes(envs, jobs, rule=policy.rule, with_trajectories=trajectories)
+        assert policy.net is not None
+        agent = SwarmAgent(envs[0].layout, net=policy.net)
+        return run_episodes(envs, jobs, agent=agent, greedy=True, with_trajectories=trajectories)
+
+
+def _by_slots(policy: TwinPolicy, cases: Sequence[TwinCase]) -> dict[int, list[int]]:
+    """Case indices grouped by the slot count ``policy``'s sessions of them get (one
+    lock-step batch of environments per width)."""
+    by_slots: dict[int, list[int]] = {}
+    for i, case in enumerate(cases):
+        by_slots.setdefault(policy.slots(len(case.task.subtasks)), []).append(i)
+    return by_slots
 
 
 __all__ = [

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17podium/v1/rollout.proto\x12\tpodium.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xda\x03\n\x0cRolloutState\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0cwriter_epoch\x18\x02 \x01(\x04\x12\x14\n\x0clive_version\x18\x03 \x01(\t\x12\x18\n\x10previous_version\x18\x04 \x01(\t\x12\x19\n\x11\x63\x61ndidate_version\x18\x05 \x01(\t\x12&\n\x05stage\x18\x06 \x01(\x0e\x32\x17.podium.v1.RolloutStage\x12\x16\n\x0e\x63\x61nary_percent\x18\x07 \x01(\r\x12\x13\n\x0b\x62\x61seline_bp\x18\x08 \x01(\r\x12\x0e\n\x06paused\x18\t \x01(\x08\x12\x0e\n\x06reason\x18\n \x01(\t\x12.\n\nchanged_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06writer\x18\x0c \x01(\t\x12\r\n\x05\x63ycle\x18\r \x01(\x04\x12\x34\n\x10\x63ycle_started_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10review_sample_bp\x18\x0f \x01(\r\x12\x12\n\nrollout_id\x18\x10 \x01(\t\x12\x34\n\x10stage_started_at\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xba\x01\n\x10GuardrailReading\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61nary_mean\x18\x02 \x01(\x01\x12\x15\n\rbaseline_mean\x18\x03 \x01(\x01\x12\x10\n\x08\x63\x61nary_n\x18\x04 \x01(\x04\x12\x12\n\nbaseline_n\x18\x05 \x01(\x04\x12\x11\n\tstatistic\x18\x06 \x01(\x01\x12\x11\n\tthreshold\x18\x07 \x01(\x01\x12\x10\n\x08\x62reached\x18\x08 \x01(\x08\x12\x0e\n\x06margin\x18\t \x01(\x01\"\xaf\x01\n\x08\x45vidence\x12\x31\n\x07\x66igures\x18\x01 \x03(\x0b\x32 .podium.v1.Evidence.FiguresEntry\x12\x0f\n\x07summary\x18\x02 \x01(\t\x12/\n\nguardrails\x18\x03 \x03(\x0b\x32\x1b.podium.v1.GuardrailReading\x1a.\n\x0c\x46iguresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x8a\x02\n\x11RolloutTransition\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.podium.v1.TransitionKind\x12&\n\x05state\x18\x03 \x01(\x0b\x32\x17.podium.v1.RolloutState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12%\n\x08\x65vidence\x18\x05 \x01(\x0b\x32\x13.podium.v1.Evidence\x12\r\n\x05\x61\x63tor\x18\x06 \x01(\t\x12&\n\x02\x61t\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x08previous\x18\x08 \x01(\x0b\x32\x17.podium.v1.RolloutState\"1\n\x07Moments\x12\t\n\x01n\x18\x01 \x01(\x04\x12\x0b\n\x03sum\x18\x02 \x01(\x01\x12\x0e\n\x06sum_sq\x18\x03 \x01(\x01\"h\n\x0eGuardrailState\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x06\x63\x61nary\x18\x02 \x01(\x0b\x32\x12.podium.v1.Moments\x12$\n\x08\x62\x61seline\x18\x03 \x01(\x0b\x32\x12.podium.v1.Moments\"\xf0\x03\n\x14\x43ontrollerCheckpoint\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0cwriter_epoch\x18\x02 \x01(\x04\x12?\n\x08\x61\x62sorbed\x18\x03 \x03(\x0b\x32-.podium.v1.ControllerCheckpoint.AbsorbedEntry\x12\x15\n\rshadow_window\x18\x04 \x03(\x01\x12(\n\x0cshadow_total\x18\x05 \x01(\x0b\x32\x12.podium.v1.Moments\x12\x17\n\x0fshadow_restarts\x18\x06 \x01(\x04\x12-\n\nguardrails\x18\x07 \x03(\x0b\x32\x19.podium.v1.GuardrailState\x12\x16\n\x0estage_sessions\x18\x08 \x01(\x04\x12\x46\n\x0c\x61rm_sessions\x18\t \x03(\x0b\x32\x30.podium.v1.ControllerCheckpoint.ArmSessionsEntry\x12\x14\n\x0creview_queue\x18\n \x03(\t\x12\x10\n\x08\x63ompared\x18\x0b \x03(\t\x1a/\n\rAbsorbedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x32\n\x10\x41rmSessionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\'\n\x10GetStatusRequest\x12\x13\n\x0btransitions\x18\x01 \x01(\r\"\xa4\x02\n\x11GetStatusResponse\x12&\n\x05state\x18\x01 \x01(\x0b\x32\x17.podium.v1.RolloutState\x12%\n\x08\x65vidence\x18\x02 \x01(\x0b\x32\x13.podium.v1.Evidence\x12\x31\n\x0btransitions\x18\x03 \x03(\x0b\x32\x1c.podium.v1.RolloutTransition\x12\x43\n\x0c\x61rm_sessions\x18\x04 \x03(\x0b\x32-.podium.v1.GetStatusResponse.ArmSessionsEntry\x12\x14\n\x0creview_queue\x18\x05 \x03(\t\x1a\x32\n\x10\x41rmSessionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"4\n\x0eRolloutCommand\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x12\n\nrollout_id\x18\x02 \x01(\t\"p\n\x14RolloutCommandResult\x12&\n\x05state\x18\x01 \x01(\x0b\x32\x17.podium.v1.RolloutState\x12\x30\n\ntransition\x18\x02 \x01(\x0b\x32\x1c.podium.v1.RolloutTransition\"1\n\x0eProposeRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"B\n\x0fProposeResponse\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.podium.v1.RolloutCommandResult\"<\n\x0ePromoteRequest\x12*\n\x07\x63ommand\x18\x01 \x01(\x0b\x32\x19.podium.v1.RolloutCommand\"B\n\x0fPromoteResponse\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.podium.v1.RolloutCommandResult\":\n\x0cPauseRequest\x12*\n\x07\x63ommand\x18\x01 \x01(\x0b\x32\x19.podium.v1.RolloutCommand\"@\n\rPauseResponse\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.podium.v1.RolloutCommandResult\";\n\rResumeRequest\x12*\n\x07\x63ommand\x18\x01 \x01(\x0b\x32\x19.podium.v1.RolloutCommand\"A\n\x0eResumeResponse\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.podium.v1.RolloutCommandResult\"=\n\x0fRollbackRequest\x12*\n\x07\x63ommand\x18\x01 \x01(\x0b\x32\x19.podium.v1.RolloutCommand\"C\n\x10RollbackResponse\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.podium.v1.RolloutCommandResult*\x9a\x01\n\x0cRolloutStage\x12\x1d\n\x19ROLLOUT_STAGE_UNSPECIFIED\x10\x00\x12\x16\n\x12ROLLOUT_STAGE_IDLE\x10\x01\x12\x1f\n\x1bROLLOUT_STAGE_OFFLINE_CHECK\x10\x02\x12\x18\n\x14ROLLOUT_STAGE_SHADOW\x10\x03\x12\x18\n\x14ROLLOUT_STAGE_STAGED\x10\x04*\xce\x03\n\x0eTransitionKind\x12\x1f\n\x1bTRANSITION_KIND_UNSPECIFIED\x10\x00\x12\"\n\x1eTRANSITION_KIND_WRITER_CLAIMED\x10\x01\x12&\n\"TRANSITION_KIND_CANDIDATE_PROPOSED\x10\x02\x12\"\n\x1eTRANSITION_KIND_OFFLINE_PASSED\x10\x03\x12\"\n\x1eTRANSITION_KIND_OFFLINE_FAILED\x10\x04\x12!\n\x1dTRANSITION_KIND_SHADOW_PASSED\x10\x05\x12!\n\x1dTRANSITION_KIND_SHADOW_FAILED\x10\x06\x12\"\n\x1eTRANSITION_KIND_STAGE_ADVANCED\x10\x07\x12\x1c\n\x18TRANSITION_KIND_PROMOTED\x10\x08\x12\x1f\n\x1bTRANSITION_KIND_ROLLED_BACK\x10\t\x12\x1a\n\x16TRANSITION_KIND_PAUSED\x10\n\x12\x1b\n\x17TRANSITION_KIND_RESUMED\x10\x0b\x12%\n!TRANSITION_KIND_OPERATOR_PROMOTED\x10\x0c\x32\x9c\x03\n\x0eRolloutService\x12\x46\n\tGetStatus\x12\x1b.podium.v1.GetStatusRequest\x1a\x1c.podium.v1.GetStatusResponse\x12@\n\x07Propose\x12\x19.podium.v1.ProposeRequest\x1a\x1a.podium.v1.ProposeResponse\x12@\n\x07Promote\x12\x19.podium.v1.PromoteRequest\x1a\x1a.podium.v1.PromoteResponse\x12:\n\x05Pause\x12\x17.podium.v1.PauseRequest\x1a\x18.podium.v1.PauseResponse\x12=\n\x06Resume\x12\x18.podium.v1.ResumeRequest\x1a\x19.podium.v1.ResumeResponse\x12\x43\n\x08Rollback\x12\x1a.podium.v1.RollbackRequest\x1a\x1b.podium.v1.RollbackResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17podium/v1/rollout.proto\x12\tpodium.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xda\x03\n\x0cRolloutState\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0cwriter_epoch\x18\x02 \x01(\x04\x12\x14\n\x0clive_version\x18\x03 \x01(\t\x12\x18\n\x10previous_version\x18\x04 \x01(\t\x12\x19\n\x11\x63\x61ndidate_version\x18\x05 \x01(\t\x12&\n\x05stage\x18\x06 \x01(\x0e\x32\x17.podium.v1.RolloutStage\x12\x16\n\x0e\x63\x61nary_percent\x18\x07 \x01(\r\x12\x13\n\x0b\x62\x61seline_bp\x18\x08 \x01(\r\x12\x0e\n\x06paused\x18\t \x01(\x08\x12\x0e\n\x06reason\x18\n \x01(\t\x12.\n\nchanged_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06writer\x18\x0c \x01(\t\x12\r\n\x05\x63ycle\x18\r \x01(\x04\x12\x34\n\x10\x63ycle_started_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10review_sample_bp\x18\x0f \x01(\r\x12\x12\n\nrollout_id\x18\x10 \x01(\t\x12\x34\n\x10stage_started_at\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xba\x01\n\x10GuardrailReading\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61nary_mean\x18\x02 \x01(\x01\x12\x15\n\rbaseline_mean\x18\x03 \x01(\x01\x12\x10\n\x08\x63\x61nary_n\x18\x04 \x01(\x04\x12\x12\n\nbaseline_n\x18\x05 \x01(\x04\x12\x11\n\tstatistic\x18\x06 \x01(\x01\x12\x11\n\tthreshold\x18\x07 \x01(\x01\x12\x10\n\x08\x62reached\x18\x08 \x01(\x08\x12\x0e\n\x06margin\x18\t \x01(\x01\"\xaf\x01\n\x08\x45vidence\x12\x31\n\x07\x66igures\x18\x01 \x03(\x0b\x32 .podium.v1.Evidence.FiguresEntry\x12\x0f\n\x07summary\x18\x02 \x01(\t\x12/\n\nguardrails\x18\x03 \x03(\x0b\x32\x1b.podium.v1.GuardrailReading\x1a.\n\x0c\x46iguresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x8a\x02\n\x11RolloutTransition\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.podium.v1.TransitionKind\x12&\n\x05state\x18\x03 \x01(\x0b\x32\x17.podium.v1.RolloutState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12%\n\x08\x65vidence\x18\x05 \x01(\x0b\x32\x13.podium.v1.Evidence\x12\r\n\x05\x61\x63tor\x18\x06 \x01(\t\x12&\n\x02\x61t\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x08previous\x18\x08 \x01(\x0b\x32\x17.podium.v1.RolloutState\"1\n\x07Moments\x12\t\n\x01n\x18\x01 \x01(\x04\x12\x0b\n\x03sum\x18\x02 \x01(\x01\x12\x0e\n\x06sum_sq\x18\x03 \x01(\x01\"h\n\x0eGuardrailState\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x06\x63\x61nary\x18\x02 \x01(\x0b\x32\x12.podium.v1.Moments\x12$\n\x08\x62\x61seline\x18\x03 \x01(\x0b\x32\x12.podium.v1.Moments\"\x85\x04\n\x14\x43ontrollerCheckpoint\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0cwriter_epoch\x18\x02 \x01(\x04\x12?\n\x08\x61\x62sorbed\x18\x03 \x03(\x0b\x32-.podium.v1.ControllerCheckpoint.AbsorbedEntry\x12\x15\n\rshadow_window\x18\x04 \x03(\x01\x12(\n\x0cshadow_total\x18\x05 \x01(\x0b\x32\x12.podium.v1.Moments\x12\x17\n\x0fshadow_restarts\x18\x06 \x01(\x04\x12-\n\nguardrails\x18\x07 \x03(\x0b\x32\x19.podium.v1.GuardrailState\x12\x16\n\x0estage_sessions\x18\x08 \x01(\x04\x12\x46\n\x0c\x61rm_sessions\x18\t \x03(\x0b\x32\x30.podium.v1.ControllerCheckpoint.ArmSessionsEntry\x12\x14\n\x0creview_queue\x18\n \x03(\t\x12\x10\n\x08\x63ompared\x18\x0b \x03(\t\x12\x13\n\x0b\x61gent_stats\x18\x0c \x01(\x0c\x1a/\n\rAbsorbedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x32\n\x10\x41rmSessionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\'\n\x10GetStatusRequest\x12\x13\n\x0btransitions\x18\x01 \x01(\r\"\xa4\x02\n\x11GetStatusResponse\x12&\n\x05state\x18\x01 \x01(\x0b\x32\x17.podium.v1.RolloutState\x12%\n\x08\x65vidence\x18\x02 \x01(\x0b\x32\x13.podium.v1.Evidence\x12\x31\n\x0btransitions\x18\x03 \x03(\x0b\x32\x1c.podium.v1.RolloutTransition\x12\x43\n\x0c\x61rm_sessions\x18\x04 \x03(\x0b\x32-.podium.v1.GetStatusResponse.ArmSessionsEntry\x12\x14\n\x0creview_queue\x18\x05 \x03(\t\x1a\x32\n\x10\x41rmSessionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"4\n\x0eRolloutCommand\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x12\n\nrollout_id\x18\x02 \x01(\t\"p\n\x14RolloutCommandResult\x12&\n\x05state\x18\x01 \x01(\x0b\x32\x17.podium.v1.RolloutState\x12\x30\n\ntransition\x18\x02 \x01(\x0b\x32\x1c.podium.v1.RolloutTransition\"1\n\x0eProposeRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"B\n\x0fProposeResponse\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.podium.v1.RolloutCommandResult\"<\n\x0ePromoteRequest\x12*\n\x07\x63ommand\x18\x01 \x01(\x0b\x32\x19.podium.v1.RolloutCommand\"B\n\x0fPromoteResponse\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.podium.v1.RolloutCommandResult\":\n\x0cPauseRequest\x12*\n\x07\x63ommand\x18\x01 \x01(\x0b\x32\x19.podium.v1.RolloutCommand\"@\n\rPauseResponse\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.podium.v1.RolloutCommandResult\";\n\rResumeRequest\x12*\n\x07\x63ommand\x18\x01 \x01(\x0b\x32\x19.podium.v1.RolloutCommand\"A\n\x0eResumeResponse\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.podium.v1.RolloutCommandResult\"=\n\x0fRollbackRequest\x12*\n\x07\x63ommand\x18\x01 \x01(\x0b\x32\x19.podium.v1.RolloutCommand\"C\n\x10RollbackResponse\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.podium.v1.RolloutCommandResult*\x9a\x01\n\x0cRolloutStage\x12\x1d\n\x19ROLLOUT_STAGE_UNSPECIFIED\x10\x00\x12\x16\n\x12ROLLOUT_STAGE_IDLE\x10\x01\x12\x1f\n\x1bROLLOUT_STAGE_OFFLINE_CHECK\x10\x02\x12\x18\n\x14ROLLOUT_STAGE_SHADOW\x10\x03\x12\x18\n\x14ROLLOUT_STAGE_STAGED\x10\x04*\xce\x03\n\x0eTransitionKind\x12\x1f\n\x1bTRANSITION_KIND_UNSPECIFIED\x10\x00\x12\"\n\x1eTRANSITION_KIND_WRITER_CLAIMED\x10\x01\x12&\n\"TRANSITION_KIND_CANDIDATE_PROPOSED\x10\x02\x12\"\n\x1eTRANSITION_KIND_OFFLINE_PASSED\x10\x03\x12\"\n\x1eTRANSITION_KIND_OFFLINE_FAILED\x10\x04\x12!\n\x1dTRANSITION_KIND_SHADOW_PASSED\x10\x05\x12!\n\x1dTRANSITION_KIND_SHADOW_FAILED\x10\x06\x12\"\n\x1eTRANSITION_KIND_STAGE_ADVANCED\x10\x07\x12\x1c\n\x18TRANSITION_KIND_PROMOTED\x10\x08\x12\x1f\n\x1bTRANSITION_KIND_ROLLED_BACK\x10\t\x12\x1a\n\x16TRANSITION_KIND_PAUSED\x10\n\x12\x1b\n\x17TRANSITION_KIND_RESUMED\x10\x0b\x12%\n!TRANSITION_KIND_OPERATOR_PROMOTED\x10\x0c\x32\x9c\x03\n\x0eRolloutService\x12\x46\n\tGetStatus\x12\x1b.podium.v1.GetStatusRequest\x1a\x1c.podium.v1.GetStatusResponse\x12@\n\x07Propose\x12\x19.podium.v1.ProposeRequest\x1a\x1a.podium.v1.ProposeResponse\x12@\n\x07Promote\x12\x19.podium.v1.PromoteRequest\x1a\x1a.podium.v1.PromoteResponse\x12:\n\x05Pause\x12\x17.podium.v1.PauseRequest\x1a\x18.podium.v1.PauseResponse\x12=\n\x06Resume\x12\x18.podium.v1.ResumeRequest\x1a\x19.podium.v1.ResumeResponse\x12\x43\n\x08Rollback\x12\x1a.podium.v1.RollbackRequest\x1a\x1b.podium.v1.RollbackResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,10 +40,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONTROLLERCHECKPOINT_ARMSESSIONSENTRY']._serialized_options = b'8\001'
   _globals['_GETSTATUSRESPONSE_ARMSESSIONSENTRY']._loaded_options = None
   _globals['_GETSTATUSRESPONSE_ARMSESSIONSENTRY']._serialized_options = b'8\001'
-  _globals['_ROLLOUTSTAGE']._serialized_start=2980
-  _globals['_ROLLOUTSTAGE']._serialized_end=3134
-  _globals['_TRANSITIONKIND']._serialized_start=3137
-  _globals['_TRANSITIONKIND']._serialized_end=3599
+  _globals['_ROLLOUTSTAGE']._serialized_start=3001
+  _globals['_ROLLOUTSTAGE']._serialized_end=3155
+  _globals['_TRANSITIONKIND']._serialized_start=3158
+  _globals['_TRANSITIONKIND']._serialized_end=3620
   _globals['_ROLLOUTSTATE']._serialized_start=72
   _globals['_ROLLOUTSTATE']._serialized_end=546
   _globals['_GUARDRAILREADING']._serialized_start=549
@@ -59,41 +59,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GUARDRAILSTATE']._serialized_start=1235
   _globals['_GUARDRAILSTATE']._serialized_end=1339
   _globals['_CONTROLLERCHECKPOINT']._serialized_start=1342
-  _globals['_CONTROLLERCHECKPOINT']._serialized_end=1838
-  _globals['_CONTROLLERCHECKPOINT_ABSORBEDENTRY']._serialized_start=1739
-  _globals['_CONTROLLERCHECKPOINT_ABSORBEDENTRY']._serialized_end=1786
-  _globals['_CONTROLLERCHECKPOINT_ARMSESSIONSENTRY']._serialized_start=1788
-  _globals['_CONTROLLERCHECKPOINT_ARMSESSIONSENTRY']._serialized_end=1838
-  _globals['_GETSTATUSREQUEST']._serialized_start=1840
-  _globals['_GETSTATUSREQUEST']._serialized_end=1879
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1882
-  _globals['_GETSTATUSRESPONSE']._serialized_end=2174
-  _globals['_GETSTATUSRESPONSE_ARMSESSIONSENTRY']._serialized_start=1788
-  _globals['_GETSTATUSRESPONSE_ARMSESSIONSENTRY']._serialized_end=1838
-  _globals['_ROLLOUTCOMMAND']._serialized_start=2176
-  _globals['_ROLLOUTCOMMAND']._serialized_end=2228
-  _globals['_ROLLOUTCOMMANDRESULT']._serialized_start=2230
-  _globals['_ROLLOUTCOMMANDRESULT']._serialized_end=2342
-  _globals['_PROPOSEREQUEST']._serialized_start=2344
-  _globals['_PROPOSEREQUEST']._serialized_end=2393
-  _globals['_PROPOSERESPONSE']._serialized_start=2395
-  _globals['_PROPOSERESPONSE']._serialized_end=2461
-  _globals['_PROMOTEREQUEST']._serialized_start=2463
-  _globals['_PROMOTEREQUEST']._serialized_end=2523
-  _globals['_PROMOTERESPONSE']._serialized_start=2525
-  _globals['_PROMOTERESPONSE']._serialized_end=2591
-  _globals['_PAUSEREQUEST']._serialized_start=2593
-  _globals['_PAUSEREQUEST']._serialized_end=2651
-  _globals['_PAUSERESPONSE']._serialized_start=2653
-  _globals['_PAUSERESPONSE']._serialized_end=2717
-  _globals['_RESUMEREQUEST']._serialized_start=2719
-  _globals['_RESUMEREQUEST']._serialized_end=2778
-  _globals['_RESUMERESPONSE']._serialized_start=2780
-  _globals['_RESUMERESPONSE']._serialized_end=2845
-  _globals['_ROLLBACKREQUEST']._serialized_start=2847
-  _globals['_ROLLBACKREQUEST']._serialized_end=2908
-  _globals['_ROLLBACKRESPONSE']._serialized_start=2910
-  _globals['_ROLLBACKRESPONSE']._serialized_end=2977
-  _globals['_ROLLOUTSERVICE']._serialized_start=3602
-  _globals['_ROLLOUTSERVICE']._serialized_end=4014
+  _globals['_CONTROLLERCHECKPOINT']._serialized_end=1859
+  _globals['_CONTROLLERCHECKPOINT_ABSORBEDENTRY']._serialized_start=1760
+  _globals['_CONTROLLERCHECKPOINT_ABSORBEDENTRY']._serialized_end=1807
+  _globals['_CONTROLLERCHECKPOINT_ARMSESSIONSENTRY']._serialized_start=1809
+  _globals['_CONTROLLERCHECKPOINT_ARMSESSIONSENTRY']._serialized_end=1859
+  _globals['_GETSTATUSREQUEST']._serialized_start=1861
+  _globals['_GETSTATUSREQUEST']._serialized_end=1900
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1903
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2195
+  _globals['_GETSTATUSRESPONSE_ARMSESSIONSENTRY']._serialized_start=1809
+  _globals['_GETSTATUSRESPONSE_ARMSESSIONSENTRY']._serialized_end=1859
+  _globals['_ROLLOUTCOMMAND']._serialized_start=2197
+  _globals['_ROLLOUTCOMMAND']._serialized_end=2249
+  _globals['_ROLLOUTCOMMANDRESULT']._serialized_start=2251
+  _globals['_ROLLOUTCOMMANDRESULT']._serialized_end=2363
+  _globals['_PROPOSEREQUEST']._serialized_start=2365
+  _globals['_PROPOSEREQUEST']._serialized_end=2414
+  _globals['_PROPOSERESPONSE']._serialized_start=2416
+  _globals['_PROPOSERESPONSE']._serialized_end=2482
+  _globals['_PROMOTEREQUEST']._serialized_start=2484
+  _globals['_PROMOTEREQUEST']._serialized_end=2544
+  _globals['_PROMOTERESPONSE']._serialized_start=2546
+  _globals['_PROMOTERESPONSE']._serialized_end=2612
+  _globals['_PAUSEREQUEST']._serialized_start=2614
+  _globals['_PAUSEREQUEST']._serialized_end=2672
+  _globals['_PAUSERESPONSE']._serialized_start=2674
+  _globals['_PAUSERESPONSE']._serialized_end=2738
+  _globals['_RESUMEREQUEST']._serialized_start=2740
+  _globals['_RESUMEREQUEST']._serialized_end=2799
+  _globals['_RESUMERESPONSE']._serialized_start=2801
+  _globals['_RESUMERESPONSE']._serialized_end=2866
+  _globals['_ROLLBACKREQUEST']._serialized_start=2868
+  _globals['_ROLLBACKREQUEST']._serialized_end=2929
+  _globals['_ROLLBACKRESPONSE']._serialized_start=2931
+  _globals['_ROLLBACKRESPONSE']._serialized_end=2998
+  _globals['_ROLLOUTSERVICE']._serialized_start=3623
+  _globals['_ROLLOUTSERVICE']._serialized_end=4035
 # @@protoc_insertion_point(module_scope)

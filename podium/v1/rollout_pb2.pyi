@@ -504,6 +504,7 @@ class ControllerCheckpoint(_message.Message):
     ARM_SESSIONS_FIELD_NUMBER: _builtins.int
     REVIEW_QUEUE_FIELD_NUMBER: _builtins.int
     COMPARED_FIELD_NUMBER: _builtins.int
+    AGENT_STATS_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """The state seq it belongs to."""
     writer_epoch: _builtins.int
@@ -512,6 +513,11 @@ class ControllerCheckpoint(_message.Message):
     """Shadow: how many times the window restarted (its running mean fell to zero or below)."""
     stage_sessions: _builtins.int
     """Canary sessions seen in the current stage."""
+    agent_stats: _builtins.bytes
+    """The controller's statistics store of the sub-agents (podium.observed.AgentStats), fed
+    once by each scored trajectory absorbed: UTF-8 JSON of AgentStats.to_dict(). Empty when
+    the store is off (PODIUM_ROLLOUT_AGENT_STATS=off) or written by an older controller.
+    """
     @_builtins.property
     def absorbed(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Input position absorbed into these statistics, per "topic:partition": the offset after
@@ -556,10 +562,11 @@ class ControllerCheckpoint(_message.Message):
         arm_sessions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         review_queue: _abc.Iterable[_builtins.str] | None = ...,
         compared: _abc.Iterable[_builtins.str] | None = ...,
+        agent_stats: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["shadow_total", b"shadow_total"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["absorbed", b"absorbed", "arm_sessions", b"arm_sessions", "compared", b"compared", "guardrails", b"guardrails", "review_queue", b"review_queue", "seq", b"seq", "shadow_restarts", b"shadow_restarts", "shadow_total", b"shadow_total", "shadow_window", b"shadow_window", "stage_sessions", b"stage_sessions", "writer_epoch", b"writer_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["absorbed", b"absorbed", "agent_stats", b"agent_stats", "arm_sessions", b"arm_sessions", "compared", b"compared", "guardrails", b"guardrails", "review_queue", b"review_queue", "seq", b"seq", "shadow_restarts", b"shadow_restarts", "shadow_total", b"shadow_total", "shadow_window", b"shadow_window", "stage_sessions", b"stage_sessions", "writer_epoch", b"writer_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

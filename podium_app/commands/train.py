@@ -99,6 +99,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "uniformly (default 0)",
     )
     parser.add_argument(
+        "--init",
+        type=Path,
+        metavar="CHECKPOINT",
+        default=None,
+        help="start from this trained policy (a policy .safetensors, its version directory or "
+        "a `podium train` run directory) instead of behaviour cloning: fine-tune it on this "
+        "run's pool and tasks. Default: clone the rule engine",
+    )
+    parser.add_argument(
         "--model-repository",
         type=Path,
         default=None,
@@ -121,6 +130,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         model_repository=args.model_repository,
         pool=args.pool,
         tasks=args.tasks,
+        init=args.init,
     )
     if args.quick:
         cfg = replace(
@@ -196,6 +206,13 @@ def check_inputs(args: argparse.Namespace) -> str | None:
         pool = load_train_pool(args.pool)
     except PodiumError as exc:
         return f"--pool: {exc}"
+    if args.init is not None:
+        from podium.policy.swarm import load_policy, resolve_checkpoint
+
+        try:
+            load_policy(resolve_checkpoint(args.init))
+        except PodiumError as exc:
+            return f"--init: {exc}"
     if args.tasks is None:
         return None
     try:
@@ -252,16 +269,20 @@ def run(args: argparse.Namespace) -> int:
         TimeRemainingColumn(),
         console=console,
     ) as bar:
-        task = bar.add_task("behaviour cloning", total=cfg.iterations, figures="")
+        # With --init there is nothing to clone: the first phase only loads and validates it.
+        start = "loading --init" if cfg.init is not None else "behaviour cloning"
+        task = bar.add_task(start, total=cfg.iterations, figures="")
 
         def progress(phase: str, f: dict[str, float]) -> None:
             if phase == "bc":
                 text = (
                     f"cpls val latency/bound {f['cpls_val']:.3f} · BC accuracy {f['accuracy']:.3f}"
                     if "accuracy" in f
-                    else "collecting cpls demonstrations"
+                    else "collecting demonstrations"
+                    if cfg.init is None
+                    else f"starting from {cfg.init}"
                 )
-                bar.update(task, description="behaviour cloning", figures=text)
+                bar.update(task, description=start, figures=text)
             elif phase == "ppo":
                 val = (
                     ""

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from learner_svc.algorithms.swarm import SwarmPPOConfig
 from podium.errors import ConfigError
@@ -30,6 +30,12 @@ class TrainConfig:
     tasks: Path | None = None
     """Task spec directory or file (``--tasks``), checked against the pool; None = the seeded
     generator's suites over the pool's kinds (``suite_size``, ``test_suite_size``)."""
+    init: Path | None = None
+    """A trained policy to start from (``--init``: a policy ``.safetensors``, its version
+    directory or a ``podium train`` run directory) instead of behaviour cloning: one cycle of
+    fine-tuning on this run's pool and tasks, e.g. a policy trained elsewhere adapting to a
+    user's pool (its stores warmed as usual, :attr:`store_warmup`). None = clone the rule
+    engine (the cold start)."""
     pool_variants: int = 0
     """Variants of the pool the actor also runs sessions on (``--pool-variants``; see
     :func:`podium.envs.swarm.pools.pool_variants`): renamed, reshaped pools whose true
@@ -37,10 +43,20 @@ class TrainConfig:
     session draws its pool uniformly from the base pool and the variants; validation and
     the final table stay on the base pool, the one the policy is for. 0 = the base pool only."""
     agent_stats: bool = True
-    """Each pool's sessions feed a statistics store of their own
-    (:class:`podium.observed.AgentStats`, recorded at each session's end) whose estimates the
-    observation reads, as orchestrator_svc's store does in production; off, every estimate is
-    the advertisement."""
+    """Each pool has a statistics store of its own (:class:`podium.observed.AgentStats`)
+    whose estimates the observation reads (and the advice's rule engine plans on, with
+    ``EnvConfig.advice="online"``), as orchestrator_svc's store does in production; off,
+    every estimate is the advertisement."""
+    store_warmup: int = 1
+    """cpls sessions (on the advertisement) per training task that feed each pool's store
+    before anything else, as ``podium bench scheduling --warmup`` warms the stores it
+    measures with: the policy starts on stores like the ones it will be judged on. 0 = none."""
+    stats_feed: Literal["sessions", "warmup"] = "sessions"
+    """What feeds the stores after the warm-up: ``"sessions"``, every training session
+    (cloning demonstrations, sampled sessions, rollout baselines, validation) at its end, as
+    a deployment's sessions feed its store; ``"warmup"``, nothing: training reads the
+    warm-up's store, which has seen only what cpls does (the bench's starting point), so
+    agents the rule engine never tries keep their advertisement there too."""
     test_fraction: float = 0.2
     """Share of a ``--tasks`` library held out for the final table (chosen by a hash of the
     task names, never trained on)."""
@@ -89,7 +105,7 @@ class TrainConfig:
     critic_warmup_iterations: int = 1
     """First PPO iterations that fit only the value head (see ``ppo_update(critic_only=)``):
     the cloned critic never saw the reward service's score nor the rollout baseline."""
-    rollout_baseline: str | None = "cpls"
+    rollout_baseline: str | None = "advice"
     """Rule engine run on the same (task, seed) as every PPO session, its environment return
     (−latency/bound, minus the incompletion penalty if it could not finish) subtracted from
     the session's return: the greedy-rollout baseline of Kool et al. (2019). Sub-agent luck
@@ -97,8 +113,11 @@ class TrainConfig:
     :mod:`podium.envs.swarm.simulator.executor`), so the return becomes "how much better than
     the rule engine under the same luck" and a departure from the rule engine is judged
     against what the rule engine did, not against the noise of other sessions. The baseline
-    does not depend on the policy's actions, so the policy gradient stays unbiased. None:
-    the critic alone."""
+    does not depend on the policy's actions, so the policy gradient stays unbiased.
+    ``"advice"`` (the default): the rule engine whose decisions the observation's advice
+    columns carry (:func:`teacher_rule`: ``cpls``, or ``cpls-online`` with
+    ``EnvConfig.advice="online"``), i.e. the policy PPO starts from; a rule engine's name;
+    None: the critic alone."""
     reward_timeout_s: float = 300.0
     """How long the driver waits for a batch to be scored, or a version to be announced,
     before failing."""
@@ -131,6 +150,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """ConfigError naming the setting for values the run could not honour."""
+        if self.store_warmup < 0:
+            raise ConfigError(f"store_warmup must be >= 0, got {self.store_warmup}")
+        if self.stats_feed not in ("sessions", "warmup"):
+            raise ConfigError(f"stats_feed must be 'sessions' or 'warmup', got {self.stats_feed!r}")
         if self.pool_variants < 0:
             raise ConfigError(f"pool_variants must be >= 0, got {self.pool_variants}")
         if not 0.0 < self.test_fraction < 1.0:
@@ -147,6 +170,7 @@ class TrainConfig:
         d["run_dir"] = str(self.run_dir)
         d["pool"] = str(self.pool) if self.pool else None
         d["tasks"] = str(self.tasks) if self.tasks else None
+        d["init"] = str(self.init) if self.init else None
         d["model_repository"] = str(self.model_repository) if self.model_repository else None
         return d
 
@@ -194,5 +218,17 @@ class TrainResult:
 Progress = Callable[[str, dict[str, float]], None]
 """Callback for the live display: (phase, figures)."""
 
+ADVICE = "advice"
+"""``TrainConfig.rollout_baseline`` value naming the advice's rule engine (:func:`teacher_rule`)."""
 
-__all__ = ["IterationLog", "Progress", "TrainConfig", "TrainResult"]
+
+def teacher_rule(advice: str) -> str:
+    """The rule engine whose decisions the observation's advice columns carry for
+    ``EnvConfig.advice`` ``advice``: ``cpls`` on the advertisement, or ``cpls-online`` on the
+    statistics store's estimates. Behaviour cloning imitates it (the labels must be the
+    decisions the advice shows, or cloning learns to ignore the advice where they differ) and
+    the rollout baseline replays it by default."""
+    return "cpls-online" if advice == "online" else "cpls"
+
+
+__all__ = ["ADVICE", "IterationLog", "Progress", "TrainConfig", "TrainResult", "teacher_rule"]

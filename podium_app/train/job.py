@@ -43,7 +43,7 @@ import json
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,7 +53,8 @@ import torch
 from learner_svc.algorithms.swarm import behaviour_cloning
 from podium.bus import Bus, EventPublisher, connect, is_kafka_url
 from podium.envs.swarm import EnvConfig, SwarmEnv
-from podium.errors import PodiumError
+from podium.envs.swarm.benchmark import warm_up
+from podium.errors import ArtifactError, PodiumError
 from podium.observed import AgentStats
 from podium.policy.agent import SwarmAgent
 from podium.policy.artifacts import path_from_uri
@@ -62,10 +63,17 @@ from podium.policy.holder import PolicyHolder
 from podium.policy.network import SwarmPolicyNet
 from podium.policy.rollout import Job, run_episodes
 from podium.policy.signing import TrustedKeys
-from podium.policy.swarm import build_swarm_policy, save_policy
+from podium.policy.swarm import build_swarm_policy, load_policy, resolve_checkpoint, save_policy
 from podium.v1 import reward_pb2, trajectory_pb2
 from podium_app.train.actor import Actor, VersionFollower, by_pool, publish_trajectories
-from podium_app.train.config import IterationLog, Progress, TrainConfig, TrainResult
+from podium_app.train.config import (
+    ADVICE,
+    IterationLog,
+    Progress,
+    TrainConfig,
+    TrainResult,
+    teacher_rule,
+)
 from podium_app.train.evaluate import (
     completion_rate,
     evaluate_policies,
@@ -137,35 +145,61 @@ class _Run:
 
 
 def _cold_start(run: _Run) -> tuple[Path, list[dict[str, float]], trajectory_pb2.Trajectory]:
-    """Behaviour cloning from cpls (and DAgger rounds if configured); the starting policy file,
-    the cloning history, and one session of the untrained network (the "before" picture)."""
+    """The starting policy file, the cloning history (empty with ``init``), and one session
+    of the starting network (the "before" picture): behaviour cloning from the advice's rule
+    engine (and DAgger rounds if configured), or the ``init`` policy when one is given."""
     cfg, tasks = run.config, run.tasks
-    agent = SwarmAgent(run.envs[0].layout)
+    teacher = teacher_rule(run.env_cfg.advice)
+    agent = SwarmAgent(run.envs[0].layout, net=_init_net(cfg.init) if cfg.init else None)
     _, before = run_episodes(
         run.envs, [Job(tasks.test[0], 424242)], agent=agent, greedy=True, with_trajectories=True
     )
     run.say("bc", {"demos": 0.0})
-    demo_jobs = [
-        Job(t, int(run.rng.integers(1 << 31)))
-        for _ in range(cfg.bc_demos_per_task)
-        for t in tasks.train
-    ]
-    demos, _ = by_pool(demo_jobs, _draw_pools(run, len(demo_jobs)), _rule(run, "cpls"))
-    cpls_val, _ = run_episodes(run.envs, run.val_jobs, rule="cpls")
+    cpls_val, _ = run_episodes(run.envs, run.val_jobs, rule=teacher)
     run.cpls_val_ratio, run.cpls_val_completion = (
         ratio_to_bound(cpls_val),
         completion_rate(cpls_val),
     )
+    history = [] if cfg.init else _clone(run, agent, teacher)
+    for h in history:
+        run.writer.add_scalar("bc/loss", h["bc_loss"], int(h["epoch"]))
+        run.writer.add_scalar("bc/accuracy", h["bc_accuracy"], int(h["epoch"]))
+    accuracy = history[-1]["bc_accuracy"] if history else math.nan
+    run.say("bc", {"accuracy": accuracy, "cpls_val": run.cpls_val_ratio})
+    extra = {"init": "bc"} if cfg.init is None else {"init": "policy", "source": str(cfg.init)}
+    ref = save_policy(agent.net, cfg.run_dir / "init", 0, tuple(run.envs[0].layout.agents), **extra)
+    return ref.path, history, before[0]
+
+
+def _init_net(path: Path) -> SwarmPolicyNet:
+    """The network of the ``--init`` policy (verified; ArtifactError naming the path)."""
+    try:
+        net, _trained_for = load_policy(resolve_checkpoint(path))
+    except ArtifactError as exc:
+        raise ArtifactError(f"--init {path}: {exc}") from None
+    return net
+
+
+def _clone(run: _Run, agent: SwarmAgent, teacher: str) -> list[dict[str, float]]:
+    """Behaviour cloning of ``teacher``'s sessions on the training tasks, then the configured
+    DAgger rounds; the history of every pass."""
+    cfg = run.config
+    demo_jobs = [
+        Job(t, int(run.rng.integers(1 << 31)))
+        for _ in range(cfg.bc_demos_per_task)
+        for t in run.tasks.train
+    ]
+    demos, _ = by_pool(demo_jobs, _draw_pools(run, len(demo_jobs)), _rule(run, teacher))
     history = behaviour_cloning(agent, demos, cfg.ppo, run.rng, epochs=cfg.bc_epochs)
     data = list(demos)
     for rnd in range(cfg.dagger_rounds):
-        # DAgger: the cloned policy drives, cpls labels the states it reaches, and the policy is
-        # cloned again on everything so far.
-        dagger_jobs = [Job(t, int(run.rng.integers(1 << 31))) for t in tasks.train]
+        # DAgger: the cloned policy drives, the teacher labels the states it reaches, and the
+        # policy is cloned again on everything so far.
+        dagger_jobs = [Job(t, int(run.rng.integers(1 << 31))) for t in run.tasks.train]
         labelled, _ = by_pool(
             dagger_jobs,
             _draw_pools(run, len(dagger_jobs)),
-            _learned(run, agent.net, greedy=rnd % 2 == 0, teacher="cpls"),
+            _learned(run, agent.net, greedy=rnd % 2 == 0, teacher=teacher),
         )
         agreement = float(
             np.mean(
@@ -178,14 +212,7 @@ def _cold_start(run: _Run) -> tuple[Path, list[dict[str, float]], trajectory_pb2
             h["epoch"] += len(history)
             h["dagger_agreement"] = agreement
         history += more
-    for h in history:
-        run.writer.add_scalar("bc/loss", h["bc_loss"], int(h["epoch"]))
-        run.writer.add_scalar("bc/accuracy", h["bc_accuracy"], int(h["epoch"]))
-    run.say("bc", {"accuracy": history[-1]["bc_accuracy"], "cpls_val": run.cpls_val_ratio})
-    ref = save_policy(
-        agent.net, cfg.run_dir / "init", 0, tuple(run.envs[0].layout.agents), init="bc"
-    )
-    return ref.path, history, before[0]
+    return history
 
 
 async def _validate(run: _Run, log: IterationLog, event: reward_pb2.PolicyUpdated) -> None:
@@ -251,7 +278,10 @@ async def _iteration(run: _Run, it: int, version: int) -> int:
     pools = _draw_pools(run, len(jobs))
     # Sessions are simulated in a worker thread: the event loop keeps the bus consumers'
     # heartbeats going (a blocked loop would get the actor evicted from its group).
-    eps, trajs = await asyncio.to_thread(run.actor.sample, jobs, run.config.rollout_baseline, pools)
+    baseline = run.config.rollout_baseline
+    if baseline == ADVICE:
+        baseline = teacher_rule(run.env_cfg.advice)
+    eps, trajs = await asyncio.to_thread(run.actor.sample, jobs, baseline, pools)
     await publish_trajectories(run.publisher, run.services.topics.trajectories, trajs)
     event = await run.guarded(
         run.follower.wait_version(version + 1, None), f"policy version {version + 1}"
@@ -336,6 +366,29 @@ async def _finish(
     return result
 
 
+def training_envs(
+    config: TrainConfig, tasks: Suites, pools: list[TrainPool], env_cfg: EnvConfig
+) -> list[list[SwarmEnv]]:
+    """Each pool's lock-step environments on a statistics store of its own (none without
+    :attr:`TrainConfig.agent_stats`), warmed by :attr:`TrainConfig.store_warmup` cpls
+    sessions per training task on that pool's truth (the bench's own warm-up,
+    :func:`podium.envs.swarm.benchmark.warm_up`); the sessions run on them feed the store
+    only with :attr:`TrainConfig.stats_feed` ``"sessions"``."""
+    acting = env_cfg if config.stats_feed == "sessions" else replace(env_cfg, feed_stats=False)
+    out = []
+    for pool in pools:
+        store = AgentStats() if config.agent_stats else None
+        if store is not None and config.store_warmup > 0:
+            warm_up(
+                pool_envs(1, tasks.train, pool, env_cfg, store)[0],
+                tasks.train,
+                config.store_warmup,
+                config.seed,
+            )
+        out.append(pool_envs(config.num_envs, tasks.train, pool, acting, store))
+    return out
+
+
 def _new_run(config: TrainConfig, bus: Bus, say: Progress) -> _Run:
     from torch.utils.tensorboard import SummaryWriter
 
@@ -346,12 +399,7 @@ def _new_run(config: TrainConfig, bus: Bus, say: Progress) -> _Run:
     pools = training_pools(config)
     tasks = task_suites(config, pools[0].advertised)
     env_cfg = EnvConfig(max_subtasks=tasks.max_size, invalid_action="raise")
-    envs, *more = [
-        pool_envs(
-            config.num_envs, tasks.train, p, env_cfg, AgentStats() if config.agent_stats else None
-        )
-        for p in pools
-    ]
+    envs, *more = training_envs(config, tasks, pools, env_cfg)
     # The run's own key pair: the learner signs with it, the actor trusts only it.
     actor = Actor(
         envs,

@@ -246,15 +246,20 @@ def write_report(
     plot_learning_curve(result, d / "learning_curve.png")
     plot_losses(result, d / "losses.png")
     plot_policies(result.summary, d / "policies.png")
-    plot_gantt(before, "before training (untrained network)", d / "gantt_before.png")
+    untrained = "the --init policy" if not result.bc_history else "untrained network"
+    plot_gantt(before, f"before training ({untrained})", d / "gantt_before.png")
     plot_gantt(after, f"after training (v{result.best_version})", d / "gantt_after.png")
-    bc = result.bc_history[-1] if result.bc_history else {}
+    start = (
+        f"behaviour cloning accuracy {result.bc_history[-1]['bc_accuracy']:.3f}"
+        if result.bc_history
+        else "started from a trained policy (<code>--init</code>, no cloning)"
+    )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Podium training report</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:auto}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}img{{max-width:100%}}</style></head><body>
 <h1>Podium training report</h1>
 <p>Run <code>{html.escape(str(d))}</code>: {result.wall_s / 60:.1f} min wall time,
-behaviour cloning accuracy {bc.get("bc_accuracy", math.nan):.3f},
+{start},
 {len(result.history) - 1} PPO iterations, best version v{result.best_version}
 (chosen on the validation split; cpls there: {result.cpls_val_ratio:.3f}).<br>
 Trained on {html.escape(headline(result.summary))}.</p>

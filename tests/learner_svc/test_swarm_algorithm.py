@@ -153,6 +153,20 @@ def test_behaviour_cloning_imitates_cpls_and_ppo_updates_run(
     assert any(not torch.equal(a, b) for a, b in zip(before, agent.net.parameters(), strict=True))
 
 
+def test_a_run_directory_resolves_to_its_highest_version(
+    tmp_path: Path, setup: tuple[list[SwarmEnv], list[Job]]
+) -> None:
+    """``checkpoints/<model>/10`` beats ``9`` (numeric, not alphabetical, and whatever was
+    written last): what ``--init`` / ``--checkpoint`` of an unfinished run directory load."""
+    envs, _ = setup
+    agent = _agent(envs)
+    agents = tuple(envs[0].layout.agents)
+    ten = save_policy(agent.net, tmp_path / "checkpoints", 10, agents)
+    nine = save_policy(agent.net, tmp_path / "checkpoints", 9, agents)
+    assert nine.path.stat().st_mtime >= ten.path.stat().st_mtime
+    assert resolve_checkpoint(tmp_path) == ten.path
+
+
 def test_checkpoint_round_trip_and_tampering(
     tmp_path: Path, setup: tuple[list[SwarmEnv], list[Job]]
 ) -> None:

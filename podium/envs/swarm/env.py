@@ -112,10 +112,15 @@ class EnvConfig:
     executions into it at the episode's end (terminated or truncated), so the store holds
     recent sessions as production's does. Turn it off where something else feeds the store
     from the same sessions (the orchestrator, whose trajectories a follower records)."""
-    advice: Literal["advertised", "online"] = "advertised"
+    advice: Literal["advertised", "online"] = "online"
     """Which pool the advice columns' rule engine (cpls) plans on: the advertised one, or the
     store's estimated pool (``stats.estimated_pool(spec)``, read at each reset; the advertised
-    pool while there is no store)."""
+    pool while there is no store). Online by default, for training, benchmarks and the
+    orchestrator alike (one default, so a policy is served with the advice it was trained
+    on): the advice is then cpls-online, the strongest rule engine a deployment can run, and
+    a policy cloned from it starts where the rules are best when agents do not behave as they
+    advertise (on the misadvertised pool 0.72x cpls-advertised before any PPO; where they do,
+    the estimates converge to the advertisement and it is cpls, 1.000x measured)."""
 
 
 _Shared = tuple[dict[str, TaskSpec], dict[str, TaskStatic]]

@@ -2,11 +2,14 @@
 the orchestrator's traffic that routes sessions exactly as replicas do
 (:func:`podium.rollout.route`), runs each on its arm's rule engine in the real simulator under
 the session seed (the same machinery twins use, so a twin reproduces its session), and
-publishes its Trajectory and ScoredTrajectory the way orchestrator_svc and reward_svc do."""
+publishes its Trajectory (with its executions: what a statistics store records) and
+ScoredTrajectory the way orchestrator_svc and reward_svc do. ``true_pool``: the sub-agents
+behave otherwise than the pool spec says (a drift), as subagent_svc makes them."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +25,7 @@ from podium.envs.swarm.spec import PoolSpec, default_pool
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.rollout import advance, pause, propose, resume, route
 from podium.rollout.twins import TwinCase, TwinEvaluator, rule_twin
-from podium.v1 import reward_pb2, rollout_pb2, subtask_pb2, trajectory_pb2
+from podium.v1 import reward_pb2, rollout_pb2, trajectory_pb2
 
 K = rollout_pb2.TransitionKind
 
@@ -78,9 +81,10 @@ class Traffic:
     n_subtasks: int = 6
     sent: int = 0
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    true_pool: PoolSpec | None = None
 
     def __post_init__(self) -> None:
-        self.evaluator = TwinEvaluator(self.pool, batch=64)
+        self.evaluator = TwinEvaluator(self.pool, batch=64, true_pool=self.true_pool)
 
     def sessions(
         self, state: rollout_pb2.RolloutState | None, count: int
@@ -95,8 +99,8 @@ class Traffic:
             by_version.setdefault(r.version, []).append(sid)
         out: dict[str, reward_pb2.ScoredTrajectory] = {}
         for version, sids in by_version.items():
-            outcomes = self.evaluator.run(rule_twin(version), [cases[s] for s in sids])
-            for sid, o in zip(sids, outcomes, strict=True):
+            ran = self.evaluator.trajectories(rule_twin(version), [cases[s] for s in sids])
+            for sid, o in zip(sids, ran, strict=True):
                 traj = trajectory_pb2.Trajectory(
                     trajectory_id=sid,
                     session_id=sid,
@@ -107,12 +111,13 @@ class Traffic:
                     completed=o.completed,
                     policy_version=version,
                     arm=routes[sid].arm(),
+                    agents=o.agents,
+                    executions=o.executions,
                 )
                 traj.labels["seed"] = str(cases[sid].seed)
                 traj.labels["arm"] = routes[sid].label
-                if o.completed:
-                    traj.executions.add(outcome=subtask_pb2.OUTCOME_SUCCESS)
-                out[sid] = reward_pb2.ScoredTrajectory(trajectory=traj, total=o.env_return)
+                total = math.fsum(d.env_reward for d in o.decisions)
+                out[sid] = reward_pb2.ScoredTrajectory(trajectory=traj, total=total)
         return [out[s] for s in ids]
 
     def _case(self, sid: str, i: int) -> TwinCase:

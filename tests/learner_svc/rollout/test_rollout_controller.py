@@ -4,11 +4,18 @@ Versions are rule engines ("rules:cpls", "rules:sequential"): valid candidates t
 sessions cheap. cpls beats sequential on every parallel task shape, so cpls against a
 sequential live version is a good candidate, and sequential against a cpls live version a
 sabotaged one (it serialises everything).
+
+The controller's statistics store of the sub-agents: fed once per scored trajectory, it
+survives a crash between feeding and committing (nothing lost, nothing counted twice), and
+after a drift its twins judge cpls-online (which plans on the store) against cpls on the
+sub-agents as observed — a comparison twins on the advertised pool cannot make.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from kafka_helpers import kafka_test_config
@@ -26,14 +33,18 @@ from rollout_helpers import (
 )
 
 from learner_svc.rollout.controller import RolloutController
-from learner_svc.rollout.evidence import load_registry
+from learner_svc.rollout.evidence import load_registry, stats_from_checkpoint
 from podium.bus import Bus, KafkaBus, read_committed
 from podium.bus.base import TopicSpec
+from podium.envs.swarm.drift import load_drift
+from podium.envs.swarm.spec import default_pool
 from podium.errors import ConfigError
-from podium.v1 import rollout_pb2
+from podium.observed import AgentStats
+from podium.v1 import reward_pb2, rollout_pb2
 
 STAGED = rollout_pb2.ROLLOUT_STAGE_STAGED
 IDLE = rollout_pb2.ROLLOUT_STAGE_IDLE
+OFFLINE = rollout_pb2.ROLLOUT_STAGE_OFFLINE_CHECK
 
 
 async def drive(
@@ -250,3 +261,145 @@ async def test_a_registry_topic_with_several_partitions_is_refused(
         await a.stop()
     finally:
         await kafka.stop()
+
+
+# --------------------------------------------------------------------------- the statistics store
+
+SHADOW = rollout_pb2.ROLLOUT_STAGE_SHADOW
+
+
+def drifted_traffic(bus: Bus, s: Any) -> Traffic:
+    """Sessions on the sub-agents after the ``slow-specialist`` drift (backend runs api at a
+    fifth of its advertised speed) while the pool spec everyone reads stays nominal."""
+    nominal = default_pool()
+    return Traffic(bus, s, true_pool=load_drift("slow-specialist").pool_at(nominal, 3600))
+
+
+def reference(scored: list[reward_pb2.ScoredTrajectory], half_life: float) -> AgentStats:
+    """The store that counts each session exactly once."""
+    store = AgentStats(half_life=half_life)
+    for sc in scored:
+        store.record_trajectory(sc.trajectory)
+    return store
+
+
+def same_sums(got: AgentStats, want: AgentStats) -> None:
+    """Same pairs, same decayed sums (up to the order executions were recorded in)."""
+    rows = {(r["agent"], r["kind"]): r for r in got.to_dict()["pairs"]}
+    wanted = {(r["agent"], r["kind"]): r for r in want.to_dict()["pairs"]}
+    assert rows.keys() == wanted.keys()
+    for key, row in wanted.items():
+        for name in ("n", "successes", "pace"):
+            assert rows[key][name] == pytest.approx(row[name], rel=1e-6), (key, name)
+
+
+class Killed(Exception):
+    """The controller process dies here (no handler of the controller's catches it)."""
+
+
+def die_at_next_commit(c: RolloutController) -> asyncio.Event:
+    """The controller's next transaction dies after its records are published and before its
+    commit (the store copy already fed): set once it did."""
+    died = asyncio.Event()
+    begin = c.member.begin
+
+    async def dying_begin(tp: Any) -> Any:
+        txn = await begin(tp)
+
+        async def commit(_records: Any) -> None:
+            died.set()
+            raise Killed("kill -9 between feeding the store and committing")
+
+        txn.commit = commit  # type: ignore[method-assign]
+        return txn
+
+    c.member.begin = dying_begin  # type: ignore[method-assign]
+    return died
+
+
+async def test_the_store_survives_a_crash_without_losing_or_double_counting(
+    bus: Bus, unique: Callable[[str], str]
+) -> None:
+    # A half-life far beyond the test's executions: the sums do not depend on the order the
+    # partitions' batches were absorbed in, so they must equal counting each session once.
+    half_life = 1e9
+    s = settings(unique, agent_stats_half_life=half_life)
+    traffic = drifted_traffic(bus, s)
+    first = app(s, bus, "first")
+    await first.start()
+    sent: list[reward_pb2.ScoredTrajectory] = []
+    try:
+        c = first.controller
+        await until(lambda: c.writer, what="the writer role")
+        sent += await traffic.publish(c.state, 40)
+        await until(lambda: c.stats.absorbed >= 40, what="40 sessions absorbed")
+        assert c.evidence.stats is not None
+        committed = c.evidence.stats.to_dict()
+        assert c.stats.executions == reference(sent, half_life).version > 0
+        died = die_at_next_commit(c)
+        sent += await traffic.publish(c.state, 30)
+        await asyncio.wait_for(died.wait(), 30)
+        writer = next(t for t in first.shell.tasks if t.get_name().endswith(f".{s.group_id}"))
+        await until(writer.done, what="the writer's death")
+        assert c.evidence.stats.to_dict() == committed, "nothing of the dead batch adopted"
+    finally:
+        await first.stop()
+    assert isinstance(writer.exception(), Killed)
+    # What the registry holds is the store as of the last commit: the 40 sessions.
+    cp = load_registry(await read_committed(bus, s.topic)).checkpoint
+    assert cp is not None
+    restored = stats_from_checkpoint(cp, AgentStats(half_life=half_life))
+    assert restored is not None and restored.to_dict() == committed
+    second = app(s, bus, "second")
+    await second.start()
+    try:
+        c2 = second.controller
+        await until(lambda: c2.writer, what="the writer role again")
+        sent += await traffic.publish(c2.state, 30)
+        await until(lambda: c2.stats.absorbed >= 60, what="the dead batch and 30 more")
+        await asyncio.sleep(0.3)
+        assert c2.stats.absorbed == 60 and c2.stats.unrecorded == 0
+        status = c2.status()
+    finally:
+        await second.stop()
+    store = c2.evidence.stats
+    want = reference(sent, half_life)
+    assert store is not None and store.version == want.version  # every execution, once
+    assert status.evidence.figures["agent_stats_executions"] == want.version
+    same_sums(store, want)
+    api = store.estimate("backend", "api", default_pool().agents[1].profile("api"))
+    assert api is not None and api.speed < 0.35  # the drift, observed
+
+
+@pytest.mark.parametrize("observed", [True, False], ids=["store", "no-store"])
+async def test_after_a_drift_shadow_judges_on_the_observed_sub_agents(
+    inproc_bus: Bus, unique: Callable[[str], str], observed: bool
+) -> None:
+    """cpls-online against a live cpls after the drift: twins on the store's estimated pool
+    see backend's slow api work and cpls-online routing around it, so it passes shadow; with
+    the store off, twins run the advertised pool, where the two are the same engine, and it
+    cannot pass (every difference is zero: shadow gives up at its limit)."""
+    s = settings(unique, agent_stats=observed, offline_tolerance=1e9, shadow_max_sessions=60)
+    traffic = drifted_traffic(inproc_bus, s)
+    a = app(s, inproc_bus)
+    await a.start()
+    try:
+        c = a.controller
+        await until(lambda: c.writer, what="the writer role")
+        await traffic.publish(c.state, 40)  # the store observes the drift (while IDLE)
+        await until(lambda: c.stats.absorbed >= 40)
+        await c.command("propose", proposing("rules:cpls-online"))
+        await drive(traffic, c, lambda: c.state.stage not in (SHADOW, OFFLINE), batch=20)
+        walked = list(c.registry.transitions)
+    finally:
+        await a.stop()
+    verdict = walked[-1]
+    offline = next(t for t in walked if t.kind == K.TRANSITION_KIND_OFFLINE_PASSED)
+    if observed:
+        assert verdict.kind == K.TRANSITION_KIND_SHADOW_PASSED
+        assert verdict.evidence.figures["mean"] > 0
+        assert offline.evidence.figures["paired_mean"] > 0
+    else:
+        assert verdict.kind == K.TRANSITION_KIND_SHADOW_FAILED
+        assert verdict.evidence.figures["mean"] == 0.0
+        assert offline.evidence.figures["paired_mean"] == 0.0

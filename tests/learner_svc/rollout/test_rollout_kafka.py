@@ -1,6 +1,7 @@
 """The rollout controller as a process (``python -m learner_svc``, rollout mode) on real Kafka:
-kill -9 mid-stage resumes from the checkpoint without counting a session twice or promoting
-twice; a second controller fences the first (never two writers of one seq)."""
+kill -9 mid-stage resumes from the checkpoint without counting a session twice (its statistics
+store of the sub-agents included) or promoting twice; a second controller fences the first
+(never two writers of one seq)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from learner_svc.rollout.controller import NotWriter
 from learner_svc.rollout.evidence import STATE_KEY, load_registry
 from podium import codec
 from podium.bus import KafkaBus, read_committed
+from podium.observed import AgentStats
 from podium.rollout import pause
 from podium.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -175,7 +177,7 @@ async def test_kill_9_mid_stage_resumes_without_double_counting(
     await first.rpc("Resume", rollout_pb2.ResumeRequest(command=command()))
     state = (await first.status()).state
     assert state.canary_percent == 20
-    await traffic.publish(state, 100)
+    sent = await traffic.publish(state, 100)
 
     async def counted(c: Controller) -> int:
         return sum((await c.status()).arm_sessions.values())
@@ -186,7 +188,7 @@ async def test_kill_9_mid_stage_resumes_without_double_counting(
         assert loop.time() < deadline
         await asyncio.sleep(0.05)
     first.kill()
-    await traffic.publish(state, 100)
+    sent += await traffic.publish(state, 100)
     second = Controller(kafka_bootstrap, s, tmp_path / "second.log")
     processes.append(second)
     status = await second.writer()
@@ -200,6 +202,10 @@ async def test_kill_9_mid_stage_resumes_without_double_counting(
     assert sum(after.arm_sessions.values()) == 200, "every session counted exactly once"
     canary = after.arm_sessions.get("canary:rules:cpls", 0)
     assert after.evidence.figures["stage_sessions"] == canary
+    once = AgentStats()  # every execution of every session, recorded exactly once
+    for sc in sent:
+        once.record_trajectory(sc.trajectory)
+    assert after.evidence.figures["agent_stats_executions"] == once.version > 0
     # On to the promotion; it happens once however the traffic goes on.
     while (await second.status()).state.live_version != "rules:cpls":
         assert traffic.sent < 3000

@@ -6,6 +6,10 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import pytest
+from kafka_helpers import kafka_test_config
+
+from podium.bus import KafkaBus
 from podium.bus.base import Bus, TopicSpec
 from podium.bus.consumer import EventPublisher
 from podium.envs.swarm import EnvConfig, SwarmEnv, default_tasks, make_policy
@@ -74,6 +78,51 @@ async def test_the_follower_feeds_the_store_and_skips_poison(
     # Across partitions the order may differ from publication order: compare what does not
     # depend on it (a pair's decayed count depends only on how many it recorded).
     assert stats.version == direct.version
+    assert stats.pairs() == direct.pairs()
+    for agent, kind in direct.pairs():
+        assert abs(stats.observed(agent, kind) - direct.observed(agent, kind)) < 1e-9
+
+
+@pytest.mark.kafka
+async def test_a_follower_started_late_warms_from_the_newest_trajectories(
+    kafka_bootstrap: str, unique: Callable[[str], str]
+) -> None:
+    """A replica started after sessions ran records the newest ``warm_records`` of each
+    partition before it follows, and only those (a restart after a drift plans on what the
+    sub-agents have been doing). Kafka only: warming is for a group positioned at the end,
+    which the in-process bus has no way to do (its new groups read from the start)."""
+    bus = KafkaBus(kafka_test_config(kafka_bootstrap, client_id="stats-warm"))
+    await bus.start()
+    try:
+        await _warm_and_follow(bus, unique)
+    finally:
+        await bus.stop()
+
+
+async def _warm_and_follow(bus: KafkaBus, unique: Callable[[str], str]) -> None:
+    topic = unique("trajectories")
+    await bus.create_topics([TopicSpec(topic, 1)])
+    trajs = _trajectories(5)
+    publisher = EventPublisher(bus, producer_name="test")
+    for t in trajs:
+        await publisher.publish(topic, t, key=t.trajectory_id)
+    group = unique("orch.stats")
+    await bus.position_groups_at_end({group: [topic]})
+    stats = AgentStats()
+    follower = StatsFollower(bus, group, stats, topic=topic, split_overhead=0.15, warm_records=3)
+    await follower.start()
+    task = asyncio.create_task(follower.run())
+    try:
+        assert follower.trajectories == 3  # warmed before start() returns
+        later = _trajectories(6)[5]
+        await publisher.publish(topic, later, key="t5")
+        await _wait_for(lambda: follower.trajectories == 4, "the next trajectory followed")
+    finally:
+        await follower.stop()
+        await task
+    direct = AgentStats()
+    for t in [*trajs[2:], later]:
+        direct.record_trajectory(t, split_overhead=0.15)
     assert stats.pairs() == direct.pairs()
     for agent, kind in direct.pairs():
         assert abs(stats.observed(agent, kind) - direct.observed(agent, kind)) < 1e-9

@@ -5,7 +5,10 @@
 * paired() of a policy with itself is all zeros; cpls against sequential is clearly positive;
 * a learned version loaded from its signed announcement runs as a twin and decides as the
   orchestrator's greedy per-session path does; a tampered artifact, an untrusted or missing
-  signature, the wrong announcement are refused with the reason.
+  signature, the wrong announcement are refused with the reason;
+* with a statistics store that observed a drift, twins meet the sub-agents as observed (its
+  estimated pool), cpls-online's twin, planning on the store, beats cpls's, and a learned
+  twin reads the store through its observation.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool, default_tasks
 from podium.envs.swarm.drift import DriftingPool, load_drift
 from podium.envs.swarm.generator import generate_suite
 from podium.envs.swarm.simulator import SwarmSimulator
+from podium.envs.swarm.spec import default_pool_path, load_pool
 from podium.envs.swarm.state import StateConfig
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.errors import ArtifactError, ConfigError
@@ -276,3 +280,94 @@ def test_twins_read_a_statistics_store_and_never_feed_it(tmp_path: Path) -> None
     assert len(with_store) == 3 and all(np.isfinite(o.env_return) for o in with_store)
     assert TwinEvaluator(default_pool(), stats=store).run(CPLS, cases)
     assert store.to_dict() == before
+
+
+# --------------------------------------------------------------------------- observed sub-agents
+
+
+def drifted_store() -> AgentStats:
+    """A store fed the trajectories of cpls sessions run on the sub-agents after the
+    ``slow-specialist`` drift (backend runs api at a fifth of its advertised speed), as the
+    rollout controller's store is fed by the live sessions it absorbs."""
+    nominal = default_pool()
+    drifted = load_drift("slow-specialist").pool_at(nominal, 3600)
+    live = TwinEvaluator(nominal, true_pool=drifted).trajectories(CPLS, suite_cases(30, seed=11))
+    assert all(twin_case(t) is not None for t in live)  # real sessions' shape: task and seed
+    store = AgentStats()
+    for traj in live:
+        store.record_trajectory(traj)
+    return store
+
+
+def test_twins_meet_the_sub_agents_as_the_store_observed_them() -> None:
+    nominal = default_pool()
+    store = drifted_store()
+    api = store.estimate("backend", "api", nominal.agents[1].profile("api"))
+    assert api is not None and api.speed < 0.3 and api.confidence > 0.8  # 1.0 advertised
+    before = store.to_dict()
+    cases = suite_cases(40, seed=4)
+    on_nominal = TwinEvaluator(nominal)
+    observed = TwinEvaluator(nominal, stats=store)
+    uses_backend_api = [
+        any(ex.agent == "backend" and ex.kind == "api" for ex in traj.executions)
+        for traj in on_nominal.trajectories(CPLS, cases)
+    ]
+    assert sum(uses_backend_api) >= 20
+    cpls_nominal = on_nominal.run(CPLS, cases)
+    cpls_observed = observed.run(CPLS, cases)
+    for uses, nom, obs in zip(uses_backend_api, cpls_nominal, cpls_observed, strict=True):
+        if uses:  # the same luck, backend's api work five times slower
+            assert obs.latency > nom.latency, (obs.session_id, obs.latency, nom.latency)
+    # cpls-online plans on the store: it routes api work away from backend and wins.
+    online = rule_twin("rules:cpls-online")
+    diffs = np.array(observed.paired(online, CPLS, cases))
+    assert diffs.mean() > 0.3 and (diffs > 0).mean() > 0.6
+    assert diffs.min() > -0.05
+    # On the nominal pool without a store, cpls-online is cpls: nothing to tell them apart.
+    assert on_nominal.paired(online, CPLS, cases[:5]) == [0.0] * 5
+    assert store.to_dict() == before  # twins never feed the store
+
+
+def test_the_estimate_replaces_a_pool_specs_truth_and_follows_the_store() -> None:
+    """Given a store, twins draw from its estimate even when the pool spec carries ``true:``
+    profiles (the controller cannot know them); the estimated pool is rebuilt when the store
+    changes, and an explicit ``true_pool`` still wins (tests and benches that know the truth)."""
+    mis = load_pool(default_pool_path().parent / "misadvertised.yaml")
+    assert mis.has_truth
+    store = AgentStats()
+    evaluator = TwinEvaluator(mis, stats=store)
+    first = evaluator.outcome_pool()
+    assert first is not None and first.spec == mis.advertised()  # nothing observed yet
+    assert evaluator.outcome_pool() is first  # cached while the store is unchanged
+    cases = suite_cases(6, seed=2)
+    advertised = TwinEvaluator(mis.advertised()).run(CPLS, cases)
+    assert [o.latency for o in evaluator.run(CPLS, cases)] == [o.latency for o in advertised]
+    store.record("backend", "api", 1.0, 5.0, True)
+    second = evaluator.outcome_pool()
+    assert second is not first and second is not None
+    api = second.profile("backend", "api")
+    assert api is not None and api.speed < 1.0
+    drifted = load_drift("slow-specialist").pool_at(default_pool(), 3600)
+    told = TwinEvaluator(default_pool(), true_pool=drifted, stats=store)
+    assert told.outcome_pool() is told.true_pool
+
+
+def test_a_learned_twin_reads_the_store_through_its_observation(tmp_path: Path) -> None:
+    """On the same sub-agents (the nominal pool given as the truth), a learned version decides
+    otherwise with the drifted store than without: its observation's estimate columns carry
+    what the store observed."""
+    keys = key_pair(tmp_path / "keys")
+    twin = twin_policy("7", signed(publish(tmp_path / "a", 7), keys), trusted(keys))
+    nominal = default_pool()
+    cases = suite_cases(10, seed=3)
+    blind = TwinEvaluator(nominal, true_pool=nominal).trajectories(twin, cases)
+    informed = TwinEvaluator(nominal, true_pool=nominal, stats=drifted_store())
+    seeing = informed.trajectories(twin, cases)
+    differs = [
+        [d.action for d in a.decisions] != [d.action for d in b.decisions]
+        for a, b in zip(blind, seeing, strict=True)
+    ]
+    assert any(differs), "the store changed no decision of the learned twin"
+    assert [(t.policy_version, t.session_id) for t in seeing] == [
+        ("7", c.session_id) for c in cases
+    ]

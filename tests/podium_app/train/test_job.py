@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -233,3 +234,84 @@ async def test_a_users_pool_and_tasks_with_pool_variants_train_through_the_servi
     assert "login-system" in report and "my-pool-v2" in report
     assert training["pool"]["deviations"]["backend"] == "slower"
     assert "the simulator draws from them (1 slower, 8 honest)" in report
+
+
+async def test_init_fine_tunes_a_trained_policy_on_another_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--init RUN``: no behaviour cloning; the given policy is the learner's version 0 (the
+    same weights), the run trains on its own pool (here the unseen one, other agents), and
+    its sessions carry the advice's rule engine as their rollout baseline."""
+    from podium.envs.swarm import EnvConfig
+    from podium.envs.swarm.spec import default_tasks_dir
+    from podium_app.train import job
+    from podium_app.train.config import teacher_rule
+
+    first = await train(small_config(tmp_path / "base", iterations=1))
+    baselines: set[str] = set()
+    publish = job.publish_trajectories
+
+    async def recording(publisher: object, topic: str, trajs: list) -> None:  # type: ignore[type-arg]
+        baselines.update(t.baseline.policy for t in trajs)
+        await publish(publisher, topic, trajs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(job, "publish_trajectories", recording)
+    unseen = Path(default_tasks_dir()).parent / "pools" / "unseen.yaml"
+    config = small_config(tmp_path / "ft", pool=unseen, init=tmp_path / "base")
+    result = await train(config)
+    assert result.exit_codes == {"reward_svc": 0, "learner_svc": 0}
+    assert result.bc_history == []  # nothing cloned
+    given = load_weights(first.best_checkpoint).tensors
+    init = load_weights(tmp_path / "ft" / "init" / MODEL_NAME / "0" / "weights.safetensors")
+    assert init.metadata["init"] == "policy" and init.metadata["source"] == str(tmp_path / "base")
+    v0 = load_weights(tmp_path / "ft" / "checkpoints" / MODEL_NAME / "0" / "weights.safetensors")
+    assert set(given) == set(v0.tensors)
+    for name, tensor in given.items():
+        assert np.array_equal(tensor.numpy(), v0.tensors[name].numpy()), name
+    ckpt = load_checkpoint(tmp_path / "ft" / "learner")
+    assert ckpt is not None and ckpt.state.trained == config.iterations * 4
+    assert result.summary["config"]["pool"] == "unseen"
+    assert baselines == {teacher_rule(EnvConfig().advice)}
+
+
+def test_an_unusable_init_exits_2_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from podium_app.cli import main
+
+    assert (
+        main(["train", "--quick", "--run-dir", str(tmp_path / "r"), "--init", str(tmp_path)]) == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("podium train: --init: ") and "no policy checkpoint" in err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("feed", ["sessions", "warmup"])
+def test_training_stores_start_warm_and_feed_as_configured(tmp_path: Path, feed: str) -> None:
+    """Each pool's store is warmed by cpls sessions on its truth before training (the bench's
+    warm-up); the training sessions feed it with ``stats_feed="sessions"`` and leave it as
+    the warm-up made it with ``"warmup"``."""
+    from podium.envs.swarm import EnvConfig
+    from podium.policy.rollout import Job, run_episodes
+    from podium_app.train.job import training_envs
+    from podium_app.train.suites import task_suites, training_pools
+
+    config = small_config(tmp_path / "run", pool_variants=1, stats_feed=feed)
+    pools = training_pools(config)
+    tasks = task_suites(config, pools[0].advertised)
+    env_cfg = EnvConfig(max_subtasks=tasks.max_size, invalid_action="raise")
+    per_pool = training_envs(config, tasks, pools, env_cfg)
+    assert len(per_pool) == 2 and all(len(envs) == config.num_envs for envs in per_pool)
+    stores = [envs[0].stats for envs in per_pool]
+    assert stores[0] is not stores[1]  # a store per pool, shared by its environments
+    assert all(
+        env.stats is store for envs, store in zip(per_pool, stores, strict=True) for env in envs
+    )
+    warmed = [s.version for s in stores if s is not None]
+    assert len(warmed) == 2 and all(v > 0 for v in warmed)  # cpls sessions recorded
+    run_episodes(per_pool[0], [Job(t, 1) for t in tasks.train[:3]], rule="cpls")
+    assert stores[0] is not None
+    assert (stores[0].version > warmed[0]) == (feed == "sessions")
+    cold = training_envs(replace(config, store_warmup=0), tasks, pools[:1], env_cfg)
+    assert cold[0][0].stats is not None and cold[0][0].stats.version == 0

@@ -95,7 +95,8 @@ def test_a_pair_row_says_what_the_agent_advertises_and_what_was_observed() -> No
     stats = AgentStats(prior_weight=5.0)
     for _ in range(5):  # quick on ui: always succeeds, at pace 0.5 (speed 2, as advertised)
         stats.record("quick", "ui", 1.0, 0.5, True)
-    env = SwarmEnv(_task(), DUO, EnvConfig(max_subtasks=4), stats=stats)
+    # The advice on the advertisement (not the default, online), checked below.
+    env = SwarmEnv(_task(), DUO, EnvConfig(max_subtasks=4, advice="advertised"), stats=stats)
     obs, _ = env.reset(seed=0)
     col = env.layout.pair_col
     pairs = _pairs(env, obs)

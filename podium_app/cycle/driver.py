@@ -1,0 +1,343 @@
+"""``podium bench cycle``: the drift scenario through the safe-shipping cycle, end to end.
+
+Two runs on the same broker, the same sessions and the same seeds (the frozen one first):
+
+* **frozen**: the initial policy made live and never replaced (no learner: the controller has
+  no candidate to propose);
+* **continuous**: the same, plus the learner in swarm mode learning from the live sessions and
+  publishing candidates, which the controller walks through offline check, shadow and the
+  staged rollout every ``--cycle-s``.
+
+Each run: the services as processes (:mod:`podium_app.cycle.deploy`), the initial policy made
+live by an operator override, the sub-agents started with the drift's origin placed so that it
+bites ``--drift-at-s`` into the load, the load at ``--rate`` for ``--duration-s``
+(:mod:`podium_app.cycle.load`), a drain until every session finished, every process stopped
+whatever happened. Then the rule engines on the same sessions in the simulator and the windows
+table with the verdicts (:mod:`podium_app.cycle.measure`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from podium import topics
+from podium.bus import KafkaBus
+from podium.bus.consumer import EventPublisher
+from podium.envs.swarm.drift import load_drift
+from podium.envs.swarm.spec import default_pool
+from podium.errors import PodiumError
+from podium.policy.signing import KeyPair, SigningKey
+from podium.policy.swarm import MODEL_NAME, load_policy, save_policy, swarm_policy_updated
+from podium.v1 import rollout_pb2
+from podium_app.cycle.config import RUNS, CycleConfig
+from podium_app.cycle.deploy import (
+    Connection,
+    Deployment,
+    connection,
+    learner_train_config,
+    make_live,
+    wait_controller,
+)
+from podium_app.cycle.load import Submitter, Tail, create_topics
+from podium_app.cycle.measure import (
+    PlannedSession,
+    cycle_tasks,
+    plan_sessions,
+    reference_ratios,
+    verdicts,
+    window_table,
+)
+from podium_app.train.services import run_key_pair
+
+Say = Callable[[str], None]
+START_MARGIN_S = 15.0
+"""Seconds between starting the sub-agents and the load's first session (they join meanwhile)."""
+
+
+@dataclass
+class RunResult:
+    """What one run left."""
+
+    name: str
+    ratios: dict[int, float] = field(default_factory=dict)
+    """Planned index -> latency/bound, measured (greedy) sessions a learned version decided."""
+    all_ratios: dict[int, float] = field(default_factory=dict)
+    """Planned index -> latency/bound, every finished session (the baseline arm's too)."""
+    by_arm: dict[str, int] = field(default_factory=dict)
+    submitted: int = 0
+    finished: int = 0
+    run_twice: int = 0
+    incomplete: int = 0
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    exit_codes: dict[str, int] = field(default_factory=dict)
+    load_started_at: float = 0.0
+    """Unix time of the load's first session (the report places transitions by it)."""
+    wall_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON of the run (without the per-session ratios)."""
+        out = asdict(self)
+        del out["ratios"], out["all_ratios"]
+        out["controller_proposed"] = sum(
+            1
+            for t in self.transitions
+            if t["kind"] == "CANDIDATE_PROPOSED" and t["actor"] == "controller"
+        )
+        out["promoted"] = sum(
+            1 for t in self.transitions if t["kind"] == "PROMOTED" and t["actor"] == "controller"
+        )
+        return out
+
+
+def _transition(t: rollout_pb2.RolloutTransition) -> dict[str, Any]:
+    return {
+        "seq": t.seq,
+        "kind": rollout_pb2.TransitionKind.Name(t.kind).removeprefix("TRANSITION_KIND_"),
+        "actor": t.actor,
+        "reason": t.reason,
+        "live": t.state.live_version,
+        "candidate": t.state.candidate_version,
+        "at": t.at.seconds + t.at.nanos / 1e9,
+        "summary": t.evidence.summary,
+    }
+
+
+def initial_policy(config: CycleConfig, say: Say) -> Path:
+    """``--checkpoint``, or a behaviour clone of cpls made by ``podium train`` with no PPO
+    iteration on tasks like the load's (small, every kind)."""
+    if config.checkpoint is not None:
+        return config.checkpoint
+    from podium_app.train.config import TrainConfig
+    from podium_app.train.job import train
+
+    run_dir = config.work_dir / "init"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    say("no --checkpoint: behaviour-cloning cpls (podium train, 0 PPO iterations)")
+    result = asyncio.run(
+        train(
+            TrainConfig(
+                run_dir=run_dir,
+                seed=config.seed,
+                suite_size=60,
+                sizes=(5, 10),
+                test_suite_size=6,
+                test_sizes=(5, 10),
+                curriculum=(10,),
+                bc_demos_per_task=2,
+                iterations=0,
+                num_envs=8,
+                validation_seeds=1,
+                test_episodes=1,
+            )
+        )
+    )
+    return result.best_checkpoint
+
+
+async def announce_initial(bus: KafkaBus, init: Path, keys: KeyPair, out: Path) -> None:
+    """Publish ``init`` as signed version 0, as a learner would (the frozen run has none)."""
+    net, agents = load_policy(init)
+    ref = save_policy(net, out, 0, agents, init="bench-cycle")
+    event = SigningKey.load(keys.private_path).sign(swarm_policy_updated(ref))
+    await EventPublisher(bus, producer_name="bench-cycle").publish(
+        topics.POLICY_UPDATES, event, key=MODEL_NAME
+    )
+
+
+async def _wait(pred: Callable[[], bool], deploy: Deployment, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        deploy.check()
+        if time.monotonic() > deadline:
+            raise PodiumError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.5)
+
+
+def _progress(name: str, tail: Tail, sub: Submitter, t0: float, say: Say) -> None:
+    recent = [f.ratio for i, f in sorted(tail.finished.items())[-40:]]
+    state = tail.state
+    where = "-"
+    if state is not None:
+        stage = rollout_pb2.RolloutStage.Name(state.stage).removeprefix("ROLLOUT_STAGE_").lower()
+        where = f"live v{state.live_version} {stage}"
+        if state.candidate_version:
+            where += f" candidate v{state.candidate_version} {state.canary_percent}%"
+    mean = f"{fmean(recent):.3f}" if recent else "-"
+    say(
+        f"[{name}] t={time.monotonic() - t0:5.0f}s submitted {sub.submitted} finished "
+        f"{len(tail.finished)} recent latency/bound {mean} | {where}"
+    )
+
+
+async def _drive(
+    name: str,
+    deploy: Deployment,
+    tail: Tail,
+    sub: Submitter,
+    origin_t0: float,
+    config: CycleConfig,
+    say: Say,
+) -> None:
+    """The load from ``origin_t0`` (monotonic) and the drain, a progress line every ~10 s."""
+    loader = asyncio.create_task(sub.run_load(origin_t0))
+    last = 0.0
+    try:
+        drain_until = None
+        while True:
+            deploy.check()
+            if loader.done():
+                loader.result()
+                drain_until = drain_until or time.monotonic() + config.drain_s
+            await tail.poll()
+            await tail.poll()
+            if time.monotonic() - last >= 10.0:
+                _progress(name, tail, sub, origin_t0, say)
+                last = time.monotonic()
+            if drain_until and (
+                len(tail.finished) >= sub.submitted or time.monotonic() > drain_until
+            ):
+                return
+    finally:
+        loader.cancel()
+        with contextlib.suppress(BaseException):
+            await loader
+
+
+async def run_once(
+    name: str,
+    config: CycleConfig,
+    conn: Connection,
+    plan: list[PlannedSession],
+    init: Path,
+    say: Say,
+) -> RunResult:
+    """One run (``frozen`` or ``continuous``) on the broker of ``conn``."""
+    t_start, started_at = time.monotonic(), time.time()
+    run_dir = config.work_dir / name
+    keys = run_key_pair(learner_train_config(config, config.work_dir / "continuous"))
+    deploy = Deployment(config, conn, run_dir, keys.public_path)
+    bus = KafkaBus(conn.admin)
+    await bus.start()
+    result = RunResult(name)
+    tail: Tail | None = None
+    try:
+        await create_topics(bus)
+        say(
+            f"[{name}] starting {config.replicas} orchestrator(s), reward, controller"
+            + (", learner" if name == "continuous" else "")
+        )
+        if name == "continuous":
+            # One broker serves both runs: the learner must not learn the frozen run's sessions.
+            await bus.position_groups_at_end({"learner": [topics.SCORED_TRAJECTORIES]})
+        await deploy.start_services(init if name == "continuous" else None)
+        if name == "frozen":
+            await announce_initial(bus, init, keys, run_dir / "artifacts")
+        await wait_controller(deploy)
+        await _wait(lambda: deploy.logs_loaded(0), deploy, 180.0, "replicas loading version 0")
+        await make_live(deploy, "0")
+        tail = Tail(bus, name)
+        await tail.start()
+        sub = Submitter(bus, name, plan)
+        schedule = load_drift(config.drift)
+        first = schedule.changes[0].at_s if schedule.changes else 0.0
+        # One clock for both: the load's start and the drift's origin (first change at
+        # drift_at_s into the load).
+        t0_mono, t0_wall = time.monotonic() + START_MARGIN_S, time.time() + START_MARGIN_S
+        result.load_started_at = t0_wall
+        await deploy.start_subagents(t0_wall + config.drift_at_s - first)
+        say(
+            f"[{name}] version 0 live; load of {len(plan)} sessions starts in {START_MARGIN_S:.0f}s"
+        )
+        await _drive(name, deploy, tail, sub, t0_mono, config, say)
+        result.exit_codes = await deploy.stop()
+        await tail.drain()  # what the orchestrators published while stopping
+        _collect(result, tail, sub, plan, started_at)
+    finally:
+        if tail is not None:
+            await tail.stop()
+        if not result.exit_codes:
+            result.exit_codes = await deploy.stop()
+        await bus.stop()
+    result.wall_s = time.monotonic() - t_start
+    say(
+        f"[{name}] done: {result.finished}/{result.submitted} finished, {result.run_twice} run "
+        f"twice, {len(result.transitions)} transitions ({result.wall_s:.0f}s)"
+    )
+    return result
+
+
+def _collect(
+    result: RunResult, tail: Tail, sub: Submitter, plan: list[PlannedSession], since: float
+) -> None:
+    """The run's figures from what the tail read: ``ratios`` of the measured sessions a learned
+    version decided; the transitions written since ``since`` (the registry outlives a run)."""
+    result.submitted = sub.submitted
+    result.finished = len(tail.finished)
+    result.run_twice = sum(1 for n in tail.records.values() if n > 1)
+    result.incomplete = sum(1 for f in tail.finished.values() if not f.completed)
+    for i, f in tail.finished.items():
+        result.all_ratios[i] = f.ratio
+        result.by_arm[f.role] = result.by_arm.get(f.role, 0) + 1
+        if not f.version.startswith("rules:") and not plan[i].sampled:
+            result.ratios[i] = f.ratio
+    result.transitions = [
+        _transition(t)
+        for _, t in sorted(tail.transitions.items())
+        if t.at.seconds + t.at.nanos / 1e9 >= since
+    ]
+
+
+def _prepare(config: CycleConfig) -> None:
+    """Fresh run directories (the learner must not resume an earlier bench's checkpoints)."""
+    for name in ("frozen", "continuous"):
+        shutil.rmtree(config.work_dir / name, ignore_errors=True)
+    config.work_dir.mkdir(parents=True, exist_ok=True)
+
+
+async def run_all(config: CycleConfig, init: Path, say: Say) -> dict[str, Any]:
+    """Both runs and the measurements (see the module docstring); the result JSON."""
+    # SIGTERM (a supervisor, kill) cancels the run, so every finally below stops what it started.
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    if main is not None:
+        loop.add_signal_handler(signal.SIGTERM, main.cancel)
+    _prepare(config)
+    tasks = cycle_tasks(config.tasks, config.seed)
+    plan = plan_sessions(tasks, config.sessions, config.rate, config.seed, config.explore_share)
+    results: dict[str, RunResult] = {}
+    async with connection(config, say) as conn:
+        # Always frozen first, whatever the flag's order: it must not inherit a promoted version.
+        for name in [r for r in RUNS if r in config.runs]:
+            results[name] = await run_once(name, config, conn, plan, init, say)
+    say("rule engines on the same sessions (simulator, true pool at each session's time)")
+    schedule = load_drift(config.drift)
+    refs = await asyncio.to_thread(
+        reference_ratios, plan, default_pool(), schedule, config.drift_at_s
+    )
+    rows = window_table(
+        plan, {n: r.ratios for n, r in results.items()}, refs, config.window_s, config.windows
+    )
+    tail_windows = max(1, config.windows // 6)
+    return {
+        "config": {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in asdict(config).items()
+            if k != "python"
+        }
+        | {"initial_policy": str(init), "tail_windows": tail_windows},
+        "windows": rows,
+        "runs": {n: r.summary() for n, r in results.items()},
+        "verdicts": verdicts(rows, config.drift_at_s, tail_windows),
+    }
+
+
+__all__ = ["RunResult", "announce_initial", "initial_policy", "run_all", "run_once"]

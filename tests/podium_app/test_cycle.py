@@ -1,0 +1,196 @@
+"""``podium bench cycle`` without a broker: flags, the planned load, the rule engines'
+reference under drift, the windows and verdicts, and the report (the end-to-end run over Kafka
+is tests/podium_app/test_cycle_kafka.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podium.envs.swarm.drift import load_drift
+from podium.envs.swarm.spec import default_pool
+from podium_app.cli import main
+from podium_app.cycle.config import CycleConfig, validate
+from podium_app.cycle.load import index_of, session_id
+from podium_app.cycle.measure import (
+    cycle_tasks,
+    drift_time,
+    plan_sessions,
+    ratio,
+    reference_ratios,
+    verdicts,
+    window_of,
+    window_table,
+)
+from podium_app.cycle.report import table_text, write_report
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--duration-s", "0"], "--duration-s"),
+        (["--duration-s", "60", "--drift-at-s", "60"], "--drift-at-s"),
+        (["--rate", "-1"], "--rate"),
+        (["--window-s", "0"], "--window-s"),
+        (["--replicas", "0"], "--replicas"),
+        (["--explore-share", "1"], "--explore-share"),
+        (["--runs", "frozen,warm"], "--runs"),
+        (["--bus", "inproc://"], "--bus"),
+        (["--checkpoint", "/nonexistent/policy.safetensors"], "--checkpoint"),
+        (["--drift", "no-such-scenario"], "--drift"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(
+    flags: list[str], named: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = main(["bench", "cycle", "--work-dir", str(tmp_path), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and named in err[0], err
+    assert not (tmp_path / "kafka").exists()  # nothing was started
+
+
+def test_default_config_is_valid() -> None:
+    validate(CycleConfig())
+    assert CycleConfig(duration_s=100, window_s=30).windows == 4
+
+
+def test_session_ids_round_trip() -> None:
+    assert index_of("frozen", session_id("frozen", 42)) == 42
+    assert index_of("continuous", session_id("frozen", 42)) is None
+    assert index_of("frozen", "frozen-warmup") is None
+
+
+def test_plan_is_paired_and_steady() -> None:
+    tasks = cycle_tasks(4, 3)
+    a, b = plan_sessions(tasks, 10, 2.0, 3), plan_sessions(tasks, 10, 2.0, 3)
+    assert a == b
+    assert [s.at_s for s in a] == [i / 2 for i in range(10)]
+    assert len({s.seed for s in a}) == 10
+    assert plan_sessions(tasks, 10, 2.0, 4)[0].seed != a[0].seed
+
+
+def test_explored_sessions_are_spread_and_never_measured() -> None:
+    tasks = cycle_tasks(4, 3)
+    plan = plan_sessions(tasks, 200, 4.0, 3, explore_share=0.25)
+    for w in range(5):  # every 10 s window holds its share of explored sessions
+        share = sum(s.sampled for s in plan if window_of(s.at_s, 10.0, 5) == w) / 40
+        assert 0.2 <= share <= 0.3, (w, share)
+    ratios = {s.index: (9.0 if s.sampled else 1.0) for s in plan}
+    rows = window_table(
+        plan, {"frozen": ratios}, {"cpls": [ratios[s.index] for s in plan]}, 10.0, 5
+    )
+    assert all(r["frozen"]["mean"] == r["cpls"]["mean"] == 1.0 for r in rows)
+    assert sum(r["frozen"]["sessions"] for r in rows) == sum(not s.sampled for s in plan)
+
+
+def test_ratio_caps_incomplete_sessions() -> None:
+    assert ratio(3.0, 2.0, True) == 1.5
+    assert ratio(3.0, 2.0, False) == ratio(1e9, 1.0, True) == 4.0
+
+
+def test_drift_time_places_the_first_change_at_drift_at() -> None:
+    schedule = load_drift("slow-specialist")
+    assert drift_time(25.0, 25.0, schedule) == schedule.changes[0].at_s
+    assert schedule.phase(drift_time(24.9, 25.0, schedule)) == 0
+    assert schedule.phase(drift_time(25.0, 25.0, schedule)) == 1
+
+
+def test_reference_sees_the_drift_and_cpls_online_adapts() -> None:
+    """The slow specialist hurts cpls (it reads the advertised speed) after the drift, while
+    cpls-online, reading its own observations, recovers: the bar the live policy must meet."""
+    plan = plan_sessions(cycle_tasks(6, 0), 96, 4.0, 0)
+    refs = reference_ratios(plan, default_pool(), load_drift("slow-specialist"), 12.0)
+    pre = [r for s, r in zip(plan, refs["cpls"], strict=True) if s.at_s < 12]
+    post = [r for s, r in zip(plan, refs["cpls"], strict=True) if s.at_s >= 12]
+    online_post = [r for s, r in zip(plan, refs["cpls-online"], strict=True) if s.at_s >= 12]
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    assert mean(post) > 1.2 * mean(pre)
+    assert mean(online_post) < mean(post)
+    assert len(refs["cpls"]) == len(refs["cpls-online"]) == 96
+
+
+def _rows(cont: list[float], frozen: list[float], rules: tuple[float, float]) -> list[Any]:
+    plan = plan_sessions(cycle_tasks(2, 0), len(cont), 1.0, 0)
+    runs = {
+        "continuous": dict(enumerate(cont)),
+        "frozen": dict(enumerate(frozen)),
+    }
+    refs = {"cpls": [rules[0]] * len(cont), "cpls-online": [rules[1]] * len(cont)}
+    return window_table(plan, runs, refs, 1.0, len(cont))
+
+
+def test_verdicts_accept_a_recovery_and_refuse_a_frozen_policy() -> None:
+    rows = _rows([1.4, 1.4, 2.0, 1.6, 1.42], [1.4, 1.4, 2.0, 2.0, 2.0], (2.2, 1.45))
+    v = verdicts(rows, drift_at_s=2.0)
+    assert v["continuous_recovered"] and v["continuous_at_or_below_rules"]
+    assert v["frozen_fails"] and v["drift_visible"] and v["accepted"]
+    assert v["better_rule_end"] == 1.45
+
+
+def test_verdicts_refuse_when_the_rules_do_better() -> None:
+    rows = _rows([1.4, 1.4, 2.0, 1.6, 1.46], [1.4, 1.4, 2.0, 2.0, 2.0], (2.2, 1.45))
+    v = verdicts(rows, drift_at_s=2.0)
+    assert v["continuous_recovered"] is True
+    assert v["continuous_at_or_below_rules"] is False and v["accepted"] is False
+
+
+def test_verdicts_without_a_run_are_undecided() -> None:
+    plan = plan_sessions(cycle_tasks(2, 0), 4, 1.0, 0)
+    rows = window_table(plan, {"frozen": {0: 1.0}}, {"cpls": [1.0] * 4}, 1.0, 4)
+    assert verdicts(rows, 2.0)["accepted"] is None
+    assert rows[3]["frozen"] == {"mean": None, "sessions": 0}
+
+
+def test_window_of_clamps_to_the_load() -> None:
+    assert window_of(0.0, 10.0, 3) == 0
+    assert window_of(29.99, 10.0, 3) == 2
+    assert window_of(35.0, 10.0, 3) == 2
+
+
+def test_report_and_table(tmp_path: Path) -> None:
+    rows = _rows([1.4, 1.4, 2.0, 1.6, 1.42], [1.4, 1.4, 2.0, 2.0, 2.0], (2.2, 1.45))
+    run = {
+        "finished": 5,
+        "submitted": 5,
+        "run_twice": 0,
+        "incomplete": 0,
+        "by_arm": {"live": 5},
+        "controller_proposed": 1,
+        "promoted": 1,
+        "load_started_at": 1000.0,
+        "transitions": [
+            {
+                "seq": 3,
+                "kind": "PROMOTED",
+                "actor": "controller",
+                "live": "2",
+                "candidate": "",
+                "summary": "<evidence>",
+                "at": 1003.0,
+            }
+        ],
+    }
+    result = {
+        "config": {
+            "drift": "slow-specialist",
+            "drift_at_s": 2.0,
+            "duration_s": 5.0,
+            "rate": 1.0,
+            "replicas": 1,
+            "cycle_s": 1.0,
+            "seed": 0,
+        },
+        "windows": rows,
+        "runs": {"continuous": run, "frozen": run},
+        "verdicts": verdicts(rows, 2.0),
+    }
+    json.dumps(result)  # the JSON is plain data
+    html = write_report(result, tmp_path / "r").read_text()
+    assert (tmp_path / "r" / "latency.png").stat().st_size > 1000
+    assert "&lt;evidence&gt;" in html and "cpls_online" in html
+    text = table_text(result)
+    assert "accepted=True" in text and len(text.splitlines()) == 2 + len(rows)
