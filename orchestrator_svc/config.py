@@ -16,6 +16,7 @@ from podium.config import (
     positive_int,
 )
 from podium.errors import ConfigError
+from podium.service.auth import GrpcSecurityConfig
 from podium.serving.endpoint import LOCAL, parse_backend, policy_backend
 
 
@@ -58,7 +59,7 @@ def review_mode(raw: str) -> str:
 
 
 @dataclass(frozen=True)
-class OrchestratorConfig(ServiceConfig):
+class OrchestratorConfig(ServiceConfig, GrpcSecurityConfig):
     """orchestrator_svc settings (plus the shared ones of :class:`podium.config.ServiceConfig`)."""
 
     group_id: str = env("PODIUM_GROUP_ID", default="orchestrator")
@@ -144,19 +145,6 @@ class OrchestratorConfig(ServiceConfig):
     """Largest Trajectory record written, envelope included; keep it below the broker's
     message.max.bytes (1 MiB by default). A larger trajectory is trimmed to fit (observation
     tensors first, then execution contexts, then decisions) and labelled ``trimmed``."""
-    grpc_tokens: str = env("PODIUM_GRPC_TOKENS", default="")
-    """Token table file (a mounted Secret; YAML/JSON ``{tokens: [{name, sha256, roles}]}``,
-    the sha256 of each token, never the token): gRPC callers must present ``authorization:
-    Bearer <token>``; roles ``plugin`` (SessionService: submit, read their own sessions) and
-    ``reviewer`` (ReviewService). Empty: no authentication (a warning names this setting)."""
-    grpc_tls_cert: str = env("PODIUM_GRPC_TLS_CERT", default="")
-    """PEM certificate (chain) of the gRPC port; with ``PODIUM_GRPC_TLS_KEY`` the port is TLS.
-    Required with ``PODIUM_GRPC_TOKENS``: bearer tokens never travel in clear."""
-    grpc_tls_key: str = env("PODIUM_GRPC_TLS_KEY", default="")
-    """PEM private key of the gRPC port's certificate."""
-    grpc_plaintext_tokens: bool = env("PODIUM_GRPC_PLAINTEXT_TOKENS", default=False)
-    """Tests only: accept ``PODIUM_GRPC_TOKENS`` without TLS, and only on a loopback
-    ``PODIUM_GRPC_HOST``."""
     review: str = env("PODIUM_REVIEW", default=REVIEW_AUTO, parse=review_mode)
     """Hold sensitive subtasks for human review (ReviewService): ``on``, ``off``, or ``auto``
     (the default: on exactly when ``PODIUM_GRPC_TOKENS`` authenticates reviewers; off, as

@@ -52,7 +52,7 @@ from podium.envs.swarm.spec import PoolSpec
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.errors import AdmissionError, BusError, DecodeError, SpecError
 from podium.service import health_status
-from podium.service.auth import PLUGIN, REVIEWER, principal, server_security
+from podium.service.auth import PLUGIN, REVIEWER, principal
 from podium.telemetry import TracingServerInterceptor
 from podium.v1 import review_pb2, reward_pb2, session_service_pb2, task_pb2
 
@@ -295,13 +295,7 @@ class GrpcServer:
             ("grpc.max_receive_message_length", config.grpc_max_receive_bytes),
             ("grpc.max_send_message_length", config.grpc_max_message_bytes),
         ]
-        self.security = server_security(
-            tokens=config.grpc_tokens,
-            tls_cert=config.grpc_tls_cert,
-            tls_key=config.grpc_tls_key,
-            plaintext_tokens=config.grpc_plaintext_tokens,
-            host=config.grpc_host,
-        )
+        self.security = config.server_security(config.grpc_host)
         interceptors = [interceptor] if interceptor is not None else []
         self.server = grpc.aio.server(
             interceptors=[*interceptors, *self.security.interceptors(METHOD_ROLES)],

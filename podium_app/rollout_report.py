@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from podium import topics
 from podium.errors import ConfigError, DecodeError, PodiumError
+from podium_app.commands import fail
 
 if TYPE_CHECKING:
     from podium.bus import Bus, Record
@@ -546,12 +547,8 @@ def run_report(args: argparse.Namespace) -> int:
         scored = _scored_topic(args.topic_suffix)
         history = asyncio.run(_collect_from(url, args.rollout_topic, scored))
         path = write_report(history, Path(args.out), bucket_s=args.bucket_s)
-    except ConfigError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
     except PodiumError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
+        return fail(PROG, exc)
     except OSError as exc:
         print(f"{PROG}: --out {args.out}: cannot write ({exc.strerror})", file=sys.stderr)
         return 2

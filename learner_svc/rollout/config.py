@@ -25,6 +25,7 @@ from podium.config import (
 from podium.errors import ConfigError
 from podium.observed import AgentStats
 from podium.rollout import AdvantageRule, GuardrailConfig, RolloutSettings
+from podium.service.auth import GrpcSecurityConfig
 
 _RULE = RolloutSettings()
 _SHADOW = AdvantageRule()
@@ -89,7 +90,7 @@ def settings_named(message: str) -> str:
 
 
 @dataclass(frozen=True)
-class ControllerSettings:
+class ControllerSettings(GrpcSecurityConfig):
     """The rollout controller's settings (the service-wide ones are in
     :class:`learner_svc.config.LearnerConfig`)."""
 
@@ -170,15 +171,6 @@ class ControllerSettings:
     """Address RolloutService listens on."""
     grpc_port: int = env("PODIUM_ROLLOUT_GRPC_PORT", default=50061, parse=port)
     """Port of RolloutService (0 = a free one)."""
-    grpc_tokens: str = env("PODIUM_GRPC_TOKENS", default="")
-    """Token table (YAML/JSON of sha256 digests and roles); empty = no authentication.
-    RolloutService needs the ``operator`` role."""
-    grpc_tls_cert: str = env("PODIUM_GRPC_TLS_CERT", default="")
-    """Server certificate (PEM); with the key, RolloutService speaks TLS."""
-    grpc_tls_key: str = env("PODIUM_GRPC_TLS_KEY", default="")
-    """Server private key (PEM)."""
-    grpc_plaintext_tokens: bool = env("PODIUM_GRPC_PLAINTEXT_TOKENS", default=False)
-    """Allow tokens without TLS on a loopback address (tests only)."""
     trusted_keys: str = env("PODIUM_POLICY_TRUSTED_KEYS", default="")
     """Public keys whose signed announcements may become candidates (comma-separated PEM
     files or directories); empty = only rule versions can be candidates."""

@@ -33,7 +33,7 @@ from learner_svc.rollout.controller import (
 from podium.errors import BusError, RolloutConflict
 from podium.rollout import advance, pause, propose, resume, rollback
 from podium.service import health_status
-from podium.service.auth import OPERATOR, principal, server_security
+from podium.service.auth import OPERATOR, principal
 from podium.v1 import rollout_pb2, rollout_pb2_grpc
 
 _log = logging.getLogger(__name__)
@@ -161,13 +161,7 @@ class RolloutServer:
     it belongs to the event loop it is created in."""
 
     def __init__(self, controller: RolloutController, settings: ControllerSettings) -> None:
-        self.security = server_security(
-            tokens=settings.grpc_tokens,
-            tls_cert=settings.grpc_tls_cert,
-            tls_key=settings.grpc_tls_key,
-            plaintext_tokens=settings.grpc_plaintext_tokens,
-            host=settings.grpc_host,
-        )
+        self.security = settings.server_security(settings.grpc_host)
         self.controller = controller
         self.address = f"{settings.grpc_host}:{settings.grpc_port}"
         self.health = health.aio.HealthServicer()

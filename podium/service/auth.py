@@ -38,6 +38,7 @@ import grpc
 import grpc.aio
 import yaml
 
+from podium.config import env
 from podium.errors import ConfigError
 
 _log = logging.getLogger(__name__)
@@ -371,6 +372,39 @@ class ServerSecurity:
         if self.credentials is not None:
             return int(server.add_secure_port(address, self.credentials))
         return int(server.add_insecure_port(address))
+
+
+@dataclass(frozen=True)
+class GrpcSecurityConfig:
+    """The security settings of a gRPC server, declared once: every service config that
+    serves gRPC extends it (the orchestrator's SessionService + ReviewService, the rollout
+    controller's RolloutService) and builds its :class:`ServerSecurity` with
+    :meth:`server_security`."""
+
+    grpc_tokens: str = env(TOKENS_SETTING, default="")
+    """Token table file (a mounted Secret; YAML/JSON ``{tokens: [{name, sha256, roles}]}``,
+    the sha256 of each token, never the token): gRPC callers must present ``authorization:
+    Bearer <token>`` with a role the method needs (``plugin``, ``reviewer``, ``operator``).
+    Empty: no authentication (a warning names this setting)."""
+    grpc_tls_cert: str = env(CERT_SETTING, default="")
+    """PEM certificate (chain) of the gRPC port; with ``PODIUM_GRPC_TLS_KEY`` the port is TLS.
+    Required with ``PODIUM_GRPC_TOKENS``: bearer tokens never travel in clear."""
+    grpc_tls_key: str = env(KEY_SETTING, default="")
+    """PEM private key of the gRPC port's certificate."""
+    grpc_plaintext_tokens: bool = env(PLAINTEXT_SETTING, default=False)
+    """Tests only: accept ``PODIUM_GRPC_TOKENS`` without TLS, and only on a loopback
+    address."""
+
+    def server_security(self, host: str) -> ServerSecurity:
+        """The security of this config's server listening on ``host`` (see
+        :func:`server_security`)."""
+        return server_security(
+            tokens=self.grpc_tokens,
+            tls_cert=self.grpc_tls_cert,
+            tls_key=self.grpc_tls_key,
+            plaintext_tokens=self.grpc_plaintext_tokens,
+            host=host,
+        )
 
 
 def server_security(

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podium.errors import ConfigError, PodiumError
+from podium_app.commands import fail
 
 if TYPE_CHECKING:
     from orchestrator_svc.arms import RolloutFollower
@@ -429,12 +430,8 @@ def run(args: argparse.Namespace) -> int:
         _check(args)
         twins = measure_twins(args.sessions, args.seed, args.torch_threads, args.batch)
         prop = asyncio.run(_propagation(args.bus, args.sessions, args.replicas))
-    except ConfigError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
     except PodiumError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
+        return fail(PROG, exc)
     _print(twins, prop)
     if args.json:
         try:

@@ -15,12 +15,12 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from podium import topics
 from podium.errors import ConfigError, PodiumError
+from podium_app.commands import fail
 
 if TYPE_CHECKING:
     from podium.bus.kafka import KafkaBus, KafkaTransactionalProducer
@@ -188,11 +188,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         bus_url = _validate(args)
         summary = asyncio.run(rescore(args, bus_url))
-    except ConfigError as exc:
-        print(f"podium reward rescore: {exc}", file=sys.stderr)
-        return 2
     except PodiumError as exc:
-        print(f"podium reward rescore: {exc}", file=sys.stderr)
-        return 1
+        return fail("podium reward rescore", exc)
     print(json.dumps(summary, indent=2))
     return 0
