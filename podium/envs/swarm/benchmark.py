@@ -18,7 +18,7 @@ from podium.envs.swarm.env import EnvConfig, SwarmEnv
 from podium.envs.swarm.planner import RolloutPlanner
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.scheduling import SchedulingPolicy
-from podium.envs.swarm.spec import PoolSpec, TaskSpec, check_true_pool
+from podium.envs.swarm.spec import PoolSpec, TaskSpec, split_truth
 from podium.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -135,23 +135,6 @@ def bench_scheduling(
     if stores is not None:
         config["warmup"] = warmup
     return {"tasks": out_tasks, "summary": _summary(names, out_tasks), "config": config}
-
-
-def split_truth(pool: PoolSpec, true_pool: PoolSpec | None) -> tuple[PoolSpec, PoolSpec | None]:
-    """The advertised pool the planners read, and the true pool the simulator draws from
-    (None: the advertisement is the truth). The truth is ``true_pool`` (its own ``true:``
-    profiles if it has some) or ``pool``'s ``true:`` profiles; both at once is ambiguous, and
-    a true pool with other agents than ``pool`` is refused, the agents named."""
-    if true_pool is None:
-        return pool.advertised(), pool.true_spec() if pool.has_truth else None
-    if pool.has_truth:
-        raise ConfigError(
-            f"pool {pool.name!r} carries true: profiles and a true pool {true_pool.name!r} "
-            "was given too; give the truth one way"
-        )
-    truth = true_pool.true_spec()
-    check_true_pool(pool, truth)
-    return pool.advertised(), truth
 
 
 def _new_store() -> AgentStats:

@@ -60,7 +60,7 @@ from podium.envs.swarm.observation import ObservationEncoder, ObservationLayout
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.precompute import TaskStatic, precompute_task
 from podium.envs.swarm.simulator.executor import SwarmSimulator
-from podium.envs.swarm.spec import PoolSpec, TaskSpec, default_pool
+from podium.envs.swarm.spec import PoolSpec, TaskSpec, default_pool, split_truth
 from podium.envs.swarm.state import InvalidActionError, StateConfig, SwarmState
 from podium.errors import ConfigError
 
@@ -534,16 +534,12 @@ def _pools(
     its truth (what outcomes are drawn from); ConfigError when a true pool is given as well
     (the truth given two ways is ambiguous)."""
     spec = pool.spec if isinstance(pool, SubagentPool) else pool
-    if spec.has_truth:
-        if true_pool is not None:
-            raise ConfigError(
-                f"pool {spec.name!r} carries true: profiles and a true pool was given too; "
-                "give the truth one way"
-            )
-        true_pool = spec.true_spec()
-    if spec.truth is not None or spec.drift is not None:
-        pool = SubagentPool(spec.advertised())
-    advertised = pool if isinstance(pool, SubagentPool) else SubagentPool(pool)
-    if true_pool is None or isinstance(true_pool, SubagentPool):
-        return advertised, true_pool
-    return advertised, SubagentPool(true_pool)
+    true_spec = true_pool.spec if isinstance(true_pool, SubagentPool) else true_pool
+    if not (spec.has_truth or spec.drift is not None):
+        # Nothing to split: keep the caller's pools (SubagentPools are shared by replicas).
+        advertised = pool if isinstance(pool, SubagentPool) else SubagentPool(pool)
+        if true_pool is None or isinstance(true_pool, SubagentPool):
+            return advertised, true_pool
+        return advertised, SubagentPool(true_pool)
+    planned, truth = split_truth(spec, true_spec)
+    return SubagentPool(planned), None if truth is None else SubagentPool(truth)

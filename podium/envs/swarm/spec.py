@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from podium.errors import SpecError
+from podium.errors import ConfigError, SpecError
 
 if TYPE_CHECKING:
     from podium.envs.swarm.drift import DriftSchedule
@@ -504,6 +504,23 @@ def check_true_pool(advertised: PoolSpec, true: PoolSpec, *, source: str = "") -
                     f"{kind!r}, which pool {advertised.name!r} advertises for it",
                     field=f"{a.name}.{kind}",
                 )
+
+
+def split_truth(pool: PoolSpec, true_pool: PoolSpec | None) -> tuple[PoolSpec, PoolSpec | None]:
+    """The advertised pool the planners read, and the true pool the simulator draws from
+    (None: the advertisement is the truth). The truth is ``true_pool`` (its own ``true:``
+    profiles if it has some) or ``pool``'s ``true:`` profiles; both at once is ambiguous, and
+    a true pool with other agents than ``pool`` is refused, the agents named."""
+    if true_pool is None:
+        return pool.advertised(), pool.true_spec() if pool.has_truth else None
+    if pool.has_truth:
+        raise ConfigError(
+            f"pool {pool.name!r} carries true: profiles and a true pool {true_pool.name!r} "
+            "was given too; give the truth one way"
+        )
+    truth = true_pool.true_spec()
+    check_true_pool(pool, truth)
+    return pool.advertised(), truth
 
 
 def check_task_against_pool(task: TaskSpec, pool: PoolSpec, *, source: str = "") -> None:
