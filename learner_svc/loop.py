@@ -78,6 +78,12 @@ from podium import codec
 from podium.bus.base import Bus, Record, Subscriber
 from podium.bus.consumer import EventPublisher, publish_dead_letter
 from podium.errors import DecodeError, PodiumError
+from podium.metrics import (
+    lag_by_topic,
+    record_consumer_lag,
+    record_dead_letters,
+    record_learner_update,
+)
 from podium.policy.artifacts import load_into
 from podium.policy.signing import TRUSTED_KEYS_VAR, TrustedKeys, announcement_event_id
 from podium.service import ServiceShell
@@ -222,6 +228,9 @@ class LearningLoop(Generic[SampleT]):
     async def _consume_once(self, sub: Subscriber, until_trained: int | None) -> None:
         """One fetch: account for each record, update whenever a batch is full."""
         records = await sub.fetch(self.config.fetch_max, self.config.fetch_timeout_s)
+        record_consumer_lag(
+            self.config.group_id, lag_by_topic(await sub.lag(), (self.config.topic,))
+        )
         if not records:
             if self._pending and time.monotonic() - self._idle_since >= self._idle_flush_s:
                 await self._step(sub)
@@ -317,10 +326,13 @@ class LearningLoop(Generic[SampleT]):
     async def _step(self, sub: Subscriber) -> None:
         """Train on the pending batch, checkpoint, commit what was handled, publish."""
         batch, handled = self._pending, self._handled
+        newest = max(self._pending_versions, default=None)
         self._pending, self._handled, self._pending_ids = [], [], set()
         self._pending_versions = []
         st = self.state
+        lag = self.lineage.lag(newest) if newest is not None else None
         metrics = await asyncio.to_thread(self.algorithm.update, batch, st.step)
+        record_learner_update(LoopApp.name, samples=len(batch), policy_lag=lag)
         st.step += 1
         st.trained += len(batch)
         ids = [self.algorithm.sample_id(s) for s in batch]
@@ -502,13 +514,11 @@ class LearningLoop(Generic[SampleT]):
         _log.error(
             "dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc
         )
+        group = group_id or self.config.group_id
         await publish_dead_letter(
-            self.bus,
-            record,
-            exc,
-            group_id=group_id or self.config.group_id,
-            producer=self.publisher.producer_name,
+            self.bus, record, exc, group_id=group, producer=self.publisher.producer_name
         )
+        record_dead_letters(record.topic, group)
 
 
 class LoopApp:

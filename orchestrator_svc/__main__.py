@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from orchestrator_svc.app import SERVICE, OrchestratorApp
-from orchestrator_svc.config import OrchestratorConfig
+from orchestrator_svc.app import OrchestratorApp
+from orchestrator_svc.config import SERVICE, OrchestratorConfig
 from podium.bus.base import Bus
 from podium.service import run_standalone, standalone_loader
 

@@ -46,7 +46,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from orchestrator_svc.arms import RolloutFollower, effective_route
-from orchestrator_svc.config import CONTROLLED, OrchestratorConfig
+from orchestrator_svc.config import CONTROLLED, SERVICE, OrchestratorConfig
 from orchestrator_svc.fit import fit_trajectory
 from orchestrator_svc.grpc_api import GrpcServer, task_message
 from orchestrator_svc.intake import Output, PartitionLost, TaskIntake
@@ -71,12 +71,13 @@ from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, default_pool, load_pool, parse_task
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.errors import AdmissionError, ConfigError, ProcessingError, SpecError
+from podium.metrics import record_session
 from podium.observed import AgentStats
 from podium.observed.follower import StatsFollower
 from podium.rollout.routing import Route, bucket
 from podium.service import ServiceShell, default_instance_name
 from podium.serving.endpoint import parse_backend
-from podium.telemetry import TracingServerInterceptor
+from podium.telemetry import server_interceptor
 from podium.v1 import (
     envelope_pb2,
     orchestrator_pb2,
@@ -97,9 +98,6 @@ _log = logging.getLogger(__name__)
 LEARNED = "learned"
 """``PODIUM_POLICY`` value selecting the learned policy."""
 LIVE = trajectory_pb2.ARM_ROLE_LIVE
-
-SERVICE = "orchestrator_svc"
-"""Service name (OpenTelemetry ``service.name``, default instance prefix)."""
 
 REQUEST_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "podium:orchestrator:client_request_id")
 """uuid5 namespace of session ids derived from ``client_request_id``."""
@@ -182,6 +180,7 @@ class OrchestratorApp:
         """The learned policy's versions (``PODIUM_POLICY=learned``), else None."""
         self.policy = self._scheduling_policy(policy)
         provider = tracer_provider or trace.get_tracer_provider()
+        self.tracer_provider = provider
         self.tracer = provider.get_tracer(SERVICE)
         self.on_event = on_event
         self.publisher = EventPublisher(bus, producer_name=self.instance)
@@ -390,7 +389,7 @@ class OrchestratorApp:
                 self,
                 self.config,
                 pool=self.pool_spec,
-                interceptor=TracingServerInterceptor(self.tracer),
+                interceptor=server_interceptor(self.tracer_provider),
                 review=ReviewServicer(self.review) if self.review is not None else None,
             )
             port = await self.grpc.start()
@@ -654,6 +653,7 @@ class OrchestratorApp:
         except PartitionLost:
             handle.trajectory = None
             return
+        record_session(SERVICE, succeeded=False)
         await handle.finish(result)
 
     async def _run(self, session: Session, record: Record) -> None:
@@ -678,6 +678,9 @@ class OrchestratorApp:
         finally:
             self.running.pop(session.session_id, None)
         self.sessions_finished += 1
+        record_session(
+            SERVICE, succeeded=result.state == session_service_pb2.SESSION_STATE_SUCCEEDED
+        )
         await handle.finish(result)
 
     def _done(

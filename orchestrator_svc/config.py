@@ -30,6 +30,10 @@ def _check_task_limit(max_task_bytes: int) -> None:
         )
 
 
+SERVICE = "orchestrator_svc"
+"""Service name (OpenTelemetry ``service.name``, the ``service`` label of its metrics,
+default instance prefix)."""
+
 CONTROLLED = "controlled"
 """``PODIUM_ROLLOUT`` value: sessions are routed by the rollout state (the default)."""
 LATEST = "latest"

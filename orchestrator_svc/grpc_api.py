@@ -1,10 +1,12 @@
 """The gRPC face of the orchestrator: SessionService, health and (opt-in) reflection on one
 grpc.aio server.
 
-Errors are gRPC statuses with a message that names the problem: an invalid task spec is
-``INVALID_ARGUMENT`` whose details name the field (also sent as the ``podium-field`` trailing
-metadata entry so clients can act on it without parsing text); an unknown session is
-``NOT_FOUND``. Deadlines are honoured: SubmitTask gives up with ``DEADLINE_EXCEEDED`` when
+Errors are gRPC statuses with a message that names the problem: an invalid request (a task
+spec, an empty id, a rating out of range, undecodable bytes) is ``INVALID_ARGUMENT`` with a
+rich status whose ``google.rpc.BadRequest`` detail names the field and the problem
+(:mod:`podium.service.rich_status`; decoded by any client with its gRPC status library, e.g.
+``grpc_status.rpc_status.from_call``), the field also sent as the ``podium-field`` trailing
+metadata entry; an unknown session is ``NOT_FOUND``. Deadlines are honoured: SubmitTask gives up with ``DEADLINE_EXCEEDED`` when
 parsing and publishing outlast the caller's deadline, and streams end when the caller's
 deadline passes (gRPC cancels the handler).
 
@@ -30,7 +32,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 import grpc.aio
@@ -53,7 +55,7 @@ from podium.envs.swarm.trajectory import task_to_proto
 from podium.errors import AdmissionError, BusError, DecodeError, SpecError
 from podium.service import health_status
 from podium.service.auth import PLUGIN, REVIEWER, principal
-from podium.telemetry import TracingServerInterceptor
+from podium.service.rich_status import abort_bad_request
 from podium.v1 import review_pb2, reward_pb2, session_service_pb2, task_pb2
 
 _log = logging.getLogger(__name__)
@@ -123,10 +125,7 @@ class SessionServicer:
                 session_id = await submit
         except SpecError as exc:
             field = exc.field or "task"
-            context.set_trailing_metadata(((FIELD_METADATA_KEY, field),))
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"invalid task spec (field {field}): {exc}"
-            )
+            await _invalid(context, field, str(exc), f"invalid task spec (field {field}): {exc}")
         except AdmissionError as exc:
             await _abort_exhausted(context, exc)
         except TimeoutError:
@@ -182,13 +181,10 @@ class SessionServicer:
     ) -> session_service_pb2.SendFeedbackResponse:
         fb = request.feedback
         if not fb.session_id:
-            context.set_trailing_metadata(((FIELD_METADATA_KEY, "feedback.session_id"),))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "feedback.session_id is empty")
+            await _invalid(context, "feedback.session_id", "feedback.session_id is empty")
         if not -1.0 <= fb.rating <= 1.0:
-            context.set_trailing_metadata(((FIELD_METADATA_KEY, "feedback.rating"),))
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"feedback.rating must be in [-1, 1], got {fb.rating:g}",
+            await _invalid(
+                context, "feedback.rating", f"feedback.rating must be in [-1, 1], got {fb.rating:g}"
             )
         await self._handle(fb.session_id, context)
         try:
@@ -199,8 +195,7 @@ class SessionServicer:
 
     async def _handle(self, session_id: str, context: grpc.aio.ServicerContext) -> SessionHandle:
         if not session_id:
-            context.set_trailing_metadata(((FIELD_METADATA_KEY, "session_id"),))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id is empty")
+            await _invalid(context, "session_id", "session_id is empty")
         handle = self.backend.session(session_id)
         if handle is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no session {session_id!r}")
@@ -227,9 +222,18 @@ async def _decode(raw: bytes, cls: type[M], context: grpc.aio.ServicerContext) -
     try:
         return decode_message(raw, cls)
     except DecodeError as exc:
-        context.set_trailing_metadata(((FIELD_METADATA_KEY, REQUEST_FIELD),))
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable request: {exc}")
-        raise  # abort raises; this line is for the type checker
+        await _invalid(context, REQUEST_FIELD, str(exc), f"undecodable request: {exc}")
+
+
+async def _invalid(
+    context: grpc.aio.ServicerContext, field: str, problem: str, message: str = ""
+) -> NoReturn:
+    """INVALID_ARGUMENT naming ``field``: a ``google.rpc.BadRequest`` detail (``field``,
+    ``problem``) for any gRPC client's status library, and ``field`` again as the
+    ``podium-field`` trailing entry; ``message`` (default: ``problem``) for humans."""
+    await abort_bad_request(
+        context, message or problem, [(field, problem)], metadata=((FIELD_METADATA_KEY, field),)
+    )
 
 
 Unary = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]
@@ -288,7 +292,7 @@ class GrpcServer:
         config: OrchestratorConfig,
         *,
         pool: PoolSpec,
-        interceptor: TracingServerInterceptor | None = None,
+        interceptor: grpc.aio.ServerInterceptor | None = None,
         review: ReviewServicer | None = None,
     ) -> None:
         options = [

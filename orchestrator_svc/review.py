@@ -43,6 +43,7 @@ from podium.bus.base import Record
 from podium.bus.consumer import EventPublisher
 from podium.errors import BusError, DecodeError, PodiumError
 from podium.service.auth import principal
+from podium.service.rich_status import abort_bad_request
 from podium.v1 import envelope_pb2, review_pb2, trajectory_pb2
 
 _log = logging.getLogger(__name__)
@@ -365,7 +366,9 @@ class ReviewServicer:
         self, request: review_pb2.RejectRequest, context: grpc.aio.ServicerContext
     ) -> review_pb2.RejectResponse:
         if not request.reason.strip():
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "reason is required to reject")
+            await abort_bad_request(
+                context, "reason is required to reject", [("reason", "required to reject")]
+            )
         record = await self._decide(context, request.review_id, REJECTED, request.reason)
         return review_pb2.RejectResponse(review=record)
 
@@ -373,7 +376,7 @@ class ReviewServicer:
         self, context: grpc.aio.ServicerContext, review_id: str, verdict: int, reason: str
     ) -> trajectory_pb2.ReviewRecord:
         if not review_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "review_id is empty")
+            await abort_bad_request(context, "review_id is empty", [("review_id", "empty")])
         reviewer = principal(context) or f"grpc:{context.peer()}"
         try:
             return await self.gate.decide(review_id, verdict, reviewer, reason[:2000])

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 
 from opentelemetry import trace
 
+from orchestrator_svc.config import SERVICE
 from orchestrator_svc.policy import (
     RemotePolicy,
     SchedulingPolicy,
@@ -61,6 +62,7 @@ from podium.envs.swarm.trajectory import (
     execution_context,
 )
 from podium.errors import BusError, PodiumError
+from podium.metrics import record_decision, record_live_policy_version
 from podium.observed import AgentStats
 from podium.policy.decisions import EpisodeRecorder
 from podium.rollout.routing import Route
@@ -533,6 +535,7 @@ class Session:
             else self.policy.act(env)
         )
         decide_ms = (time.perf_counter() - started) * 1000.0
+        record_decision(SERVICE, decide_ms / 1000.0)
         if self.recorder is not None:
             self.recorder.record(env.observation(), env.action_masks(), step.action)
         before = len(self.sim.delivered)
@@ -540,6 +543,7 @@ class Session:
         self.decide_ms.append(decide_ms)
         self.steps.append(step)
         self.versions.append(self.policy.version)  # a served policy's may change per decision
+        record_live_policy_version(SERVICE, self.versions[-1])
         self.rewards.append(float(reward))
         decision = decision_message(
             env,

@@ -289,15 +289,17 @@ def log_level(raw: str) -> str:
 
 HEALTH_PORT_ENV = "PODIUM_HEALTH_PORT"
 """Variable naming the port of every standalone service's ``grpc.health.v1`` server."""
+METRICS_PORT_ENV = "PODIUM_METRICS_PORT"
+"""Variable naming the port of every standalone service's Prometheus endpoint (``/metrics``)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class HealthConfig:
-    """The health-port setting on its own.
+    """The ports a platform probes and scrapes (health and metrics), on their own.
 
-    :class:`ServiceConfig` extends it, so every service declares the setting through the base;
+    :class:`ServiceConfig` extends it, so every service declares the settings through the base;
     :func:`podium.service.run_standalone` reads it alone (``from_env(HealthConfig)``) for an
-    app whose config is not a :class:`ServiceConfig`, so every process gets the same variable.
+    app whose config is not a :class:`ServiceConfig`, so every process gets the same variables.
     """
 
     health_port: int = env(HEALTH_PORT_ENV, default=0, parse=port)
@@ -305,6 +307,10 @@ class HealthConfig:
     0 = a free port chosen by the OS and logged: several processes on one host (the local
     drivers, the tests) never collide. Deployments fix it; the k8s manifests set 8081, where
     their ``grpc`` readiness and liveness probes look."""
+    metrics_port: int = env(METRICS_PORT_ENV, default=0, parse=port)
+    """Port of the Prometheus endpoint (``/metrics``, all interfaces) of a standalone process:
+    the metrics of :mod:`podium.metrics`. 0 = no endpoint (a process that is not scraped
+    binds nothing); the k8s manifests set 9464, where the scrape annotations point."""
 
 
 @dataclasses.dataclass(frozen=True)

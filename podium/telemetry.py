@@ -1,8 +1,10 @@
 """OpenTelemetry for Podium: one tracer provider per service, one trace per session.
 
 A session is one trace from the IDE's gRPC call to the last consumer span: the W3C
-``traceparent`` travels in gRPC metadata (client interceptor -> :class:`TracingServerInterceptor`),
-then in Kafka record headers and in the envelope's ``trace_context`` map
+``traceparent`` travels in gRPC metadata (the standard ``opentelemetry-instrumentation-grpc``
+interceptors: :func:`client_interceptors` on the caller, :func:`server_interceptor` on the
+server, whose SERVER span carries the semantic-convention ``rpc.system``, ``rpc.service``
+and ``rpc.method``), then in Kafka record headers and in the envelope's ``trace_context`` map
 (:func:`kafka_headers` / :func:`context_from_record`), so a consumer in another process
 continues the trace the gRPC handler started.
 
@@ -11,39 +13,93 @@ Providers are deliberately *not* installed globally by default: in the embedded 
 report under its own ``service.name``. Propagation uses the global propagator (W3C trace
 context + baggage, OpenTelemetry's default), which does not depend on any provider.
 
-Exporters: pass one explicitly (tests pass an ``InMemorySpanExporter``); otherwise spans go to
-an OTLP collector when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (needs the optional
-``opentelemetry-exporter-otlp-proto-grpc`` package), and nowhere when it is not.
+The standard ``OTEL_*`` variables win over what the code says (:func:`service_resource`,
+:func:`span_exporter_from_env`): ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` over the
+service's own name, ``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``, ``none``) over the default
+(OTLP/gRPC when ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is
+set, else nothing exported), and the OTLP exporter, sampler and batch processor read their own
+variables (``OTEL_EXPORTER_OTLP_*``, ``OTEL_TRACES_SAMPLER``, ``OTEL_BSP_*``) as the SDK
+documents. Tests pass an exporter explicitly (an ``InMemorySpanExporter``).
+
+Log lines carry the trace: :class:`TraceLogFormatter` adds ``trace_id`` and ``span_id`` to
+every record emitted inside a span (the standalone services' logging uses it).
 """
 
 from __future__ import annotations
 
-import inspect
+import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-import grpc
 import grpc.aio
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+from opentelemetry.instrumentation.grpc import filters as grpc_filters
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
+    ConsoleSpanExporter,
     SimpleSpanProcessor,
     SpanExporter,
 )
-from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from podium.errors import ConfigError
 
 OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
-"""Standard OpenTelemetry variable; when set, spans are exported there over OTLP/gRPC."""
+"""Standard OpenTelemetry variable: the OTLP collector of every signal."""
+OTLP_TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+"""Standard OpenTelemetry variable: the OTLP collector of traces (wins over the one above)."""
+TRACES_EXPORTER_ENV = "OTEL_TRACES_EXPORTER"
+"""Standard OpenTelemetry variable: ``otlp``, ``console`` or ``none``."""
+
+TRACES_EXPORTERS = ("otlp", "console", "none")
+"""The values of ``OTEL_TRACES_EXPORTER`` understood here (one exporter per process)."""
 
 _ENVELOPE_KEYS = ("traceparent", "tracestate", "baggage")
 """Carrier keys the W3C propagators write; the only headers we copy around."""
+
+
+def service_resource(service_name: str) -> Resource:
+    """The OpenTelemetry resource of a process named ``service_name`` by the code.
+
+    ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` are merged *over* the code's name
+    (``Resource.create`` alone merges them under it), so an operator can rename a service
+    or tag a deployment without a code change, as the OpenTelemetry specification says.
+    """
+    return Resource.create({SERVICE_NAME: service_name}).merge(OTELResourceDetector().detect())
+
+
+def span_exporter_from_env(environ: Mapping[str, str] | None = None) -> SpanExporter | None:
+    """The span exporter the standard variables ask for, or None (spans not exported).
+
+    ``OTEL_TRACES_EXPORTER`` decides when set; unset, spans go over OTLP/gRPC when an OTLP
+    endpoint variable is set and nowhere otherwise (a service without a collector must not
+    retry ``localhost:4317`` forever). The OTLP exporter reads its own ``OTEL_EXPORTER_OTLP_*``
+    variables (endpoint, headers, TLS, timeout). Raises :class:`ConfigError` naming the
+    variable for a value not in :data:`TRACES_EXPORTERS`.
+    """
+    env = os.environ if environ is None else environ
+    wanted = env.get(TRACES_EXPORTER_ENV, "").strip().lower()
+    if not wanted:
+        has_endpoint = env.get(OTLP_TRACES_ENDPOINT_ENV) or env.get(OTLP_ENDPOINT_ENV)
+        wanted = "otlp" if has_endpoint else "none"
+    if wanted == "none":
+        return None
+    if wanted == "console":
+        return ConsoleSpanExporter()
+    if wanted == "otlp":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        exporter: SpanExporter = OTLPSpanExporter()
+        return exporter
+    raise ConfigError(
+        f"{TRACES_EXPORTER_ENV}={env[TRACES_EXPORTER_ENV]!r} is invalid: expected one of "
+        f"{', '.join(TRACES_EXPORTERS)}"
+    )
 
 
 def setup_tracing(
@@ -51,41 +107,26 @@ def setup_tracing(
     exporter: SpanExporter | None = None,
     *,
     set_global: bool = False,
-    environ: Mapping[str, str] | None = None,
 ) -> TracerProvider:
     """Create the tracer provider of one service.
 
     ``exporter`` given: spans are exported synchronously on end (a test can read them at once).
-    Otherwise ``OTEL_EXPORTER_OTLP_ENDPOINT`` selects a batching OTLP exporter; unset means
-    spans are created (so context still propagates) but not exported.
+    Otherwise :func:`span_exporter_from_env` chooses, behind a batching processor; none means
+    spans are created (so context still propagates) but not exported. The resource is
+    :func:`service_resource` (``OTEL_SERVICE_NAME`` wins over ``service_name``).
     ``set_global`` installs it as the process-wide provider (standalone services do; embedded
     ones must not, as only the first global installation wins).
     """
-    env = os.environ if environ is None else environ
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider = TracerProvider(resource=service_resource(service_name))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-    elif env.get(OTLP_ENDPOINT_ENV):
-        provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(env[OTLP_ENDPOINT_ENV])))
+    else:
+        configured = span_exporter_from_env()
+        if configured is not None:
+            provider.add_span_processor(BatchSpanProcessor(configured))
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
-
-
-def _otlp_exporter(endpoint: str) -> SpanExporter:
-    """The OTLP/gRPC span exporter; a clear error if its optional package is absent."""
-    try:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
-            OTLPSpanExporter,
-        )
-    except ImportError as exc:
-        raise ConfigError(
-            f"{OTLP_ENDPOINT_ENV}={endpoint!r} asks for OTLP export, but the package "
-            "opentelemetry-exporter-otlp-proto-grpc is not installed; install it or unset "
-            f"{OTLP_ENDPOINT_ENV}"
-        ) from exc
-    exporter: SpanExporter = OTLPSpanExporter(endpoint=endpoint)
-    return exporter
 
 
 # --- W3C carrier -------------------------------------------------------------------------
@@ -153,173 +194,57 @@ def context_from_record(
 # --- gRPC ----------------------------------------------------------------------------------
 
 
-def grpc_metadata(context: Context | None = None) -> tuple[tuple[str, str], ...]:
-    """Trace context as gRPC metadata, to pass as ``metadata=`` on a client call."""
-    return tuple(inject_trace_context(context).items())
-
-
-def context_from_grpc_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> Context:
-    """Context to continue from incoming gRPC metadata (binary ``-bin`` entries are ignored)."""
-    carrier = {
-        k.lower(): v for k, v in (metadata or ()) if isinstance(v, str) and k in _ENVELOPE_KEYS
-    }
-    return extract_trace_context(carrier)
-
-
-def _with_trace_metadata(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-    """A copy of ``details`` whose metadata also carries the current trace context."""
-    metadata = grpc.aio.Metadata()
-    for key, value in details.metadata or ():
-        if key not in _ENVELOPE_KEYS:  # the current context replaces a stale one
-            metadata.add(key, value)
-    for key, value in grpc_metadata():
-        metadata.add(key, value)
-    return grpc.aio.ClientCallDetails(
-        details.method,
-        details.timeout,
-        metadata,
-        details.credentials,
-        details.wait_for_ready,
+def client_interceptors(
+    tracer_provider: trace.TracerProvider | None = None,
+) -> list[grpc.aio.ClientInterceptor]:
+    """The standard OpenTelemetry client interceptors, for
+    ``grpc.aio.insecure_channel(..., interceptors=...)``: a CLIENT span per call and the
+    caller's trace context in its metadata (``tracer_provider`` default: the global one)."""
+    interceptors: list[grpc.aio.ClientInterceptor] = aio_client_interceptors(  # type: ignore[no-untyped-call]
+        tracer_provider=tracer_provider
     )
+    return interceptors
 
 
-class TracingUnaryUnaryClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    """Adds the caller's trace context to every unary call's metadata."""
-
-    async def intercept_unary_unary(
-        self,
-        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]],
-        client_call_details: grpc.aio.ClientCallDetails,
-        request: Any,
-    ) -> Any:
-        return await continuation(_with_trace_metadata(client_call_details), request)
+UNTRACED_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection")
+"""gRPC services whose calls get no span: probes every few seconds would bury the sessions'
+traces, and the instrumentation's streaming wrapper iterates a handler's result, which
+``Health/Watch`` (it writes with ``context.write()``) does not return."""
 
 
-class TracingUnaryStreamClientInterceptor(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
-    """Adds the caller's trace context to every server-streaming call's metadata."""
-
-    async def intercept_unary_stream(
-        self,
-        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]],
-        client_call_details: grpc.aio.ClientCallDetails,
-        request: Any,
-    ) -> Any:
-        return await continuation(_with_trace_metadata(client_call_details), request)
-
-
-def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
-    """Interceptors for ``grpc.aio.insecure_channel(..., interceptors=...)``."""
-    return [TracingUnaryUnaryClientInterceptor(), TracingUnaryStreamClientInterceptor()]
+def server_interceptor(tracer_provider: trace.TracerProvider | None = None) -> Any:
+    """The standard OpenTelemetry server interceptor for ``grpc.aio.server(interceptors=...)``:
+    every RPC runs in a SERVER span named ``/<service>/<method>`` that continues the caller's
+    trace, with ``rpc.system``, ``rpc.service``, ``rpc.method`` and ``rpc.grpc.status_code``
+    as the semantic conventions name them; everything the handler publishes carries its trace.
+    Calls of :data:`UNTRACED_SERVICES` pass through untouched. Put it first, so the span
+    covers the other interceptors (authentication) too."""
+    traced = grpc_filters.negate(
+        grpc_filters.any_of(*(grpc_filters.service_name(name) for name in UNTRACED_SERVICES))
+    )
+    return aio_server_interceptor(tracer_provider=tracer_provider, filter_=traced)  # type: ignore[no-untyped-call]
 
 
-class TracingServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Runs every RPC handler inside a SERVER span that continues the caller's trace.
+# --- logs ----------------------------------------------------------------------------------
 
-    ``grpc.aio`` interceptors return a handler rather than run it, so the span is opened by
-    wrapping the handler's behaviour: the span is then current while the servicer runs, and
-    everything it publishes carries the same trace id.
+
+class TraceLogFormatter(logging.Formatter):
+    """A formatter that stamps the current trace on every record emitted inside a span.
+
+    It sets ``record.trace_id`` (32 hex digits) and ``record.span_id`` (16), empty outside a
+    span, and appends `` trace_id=... span_id=...`` to the line when they are set, so a log
+    line leads to its trace in the backend (and a grep for a trace id finds every service's
+    lines of one session). Formatting runs in the logging call's context (the handlers of
+    :func:`podium.service.setup_logging` write synchronously), so the span is the caller's.
     """
 
-    def __init__(self, tracer: trace.Tracer) -> None:
-        self._tracer = tracer
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        parent = context_from_grpc_metadata(handler_call_details.invocation_metadata)
-        method = str(handler_call_details.method)
-        name = method.lstrip("/")
-        attributes = {"rpc.system": "grpc", "rpc.method": method}
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, name, parent, attributes),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream, name, parent, attributes),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                self._wrap_unary(handler.stream_unary, name, parent, attributes),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                self._wrap_stream(handler.stream_stream, name, parent, attributes),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
-
-    def _wrap_unary(
-        self,
-        behaviour: Callable[[Any, Any], Any],
-        name: str,
-        parent: Context,
-        attributes: dict[str, str],
-    ) -> Callable[[Any, Any], Awaitable[Any]]:
-        async def wrapped(request: Any, servicer_context: Any) -> Any:
-            with self._tracer.start_as_current_span(
-                name, context=parent, kind=SpanKind.SERVER, attributes=attributes
-            ) as span:
-                try:
-                    result = behaviour(request, servicer_context)
-                    if inspect.isawaitable(result):
-                        result = await result
-                    return result
-                finally:
-                    _record_grpc_code(span, servicer_context)
-
-        return wrapped
-
-    def _wrap_stream(
-        self,
-        behaviour: Callable[[Any, Any], Any],
-        name: str,
-        parent: Context,
-        attributes: dict[str, str],
-    ) -> Callable[[Any, Any], AsyncIterator[Any]]:
-        async def wrapped(request: Any, servicer_context: Any) -> AsyncIterator[Any]:
-            with self._tracer.start_as_current_span(
-                name, context=parent, kind=SpanKind.SERVER, attributes=attributes
-            ) as span:
-                try:
-                    result = behaviour(request, servicer_context)
-                    if hasattr(result, "__aiter__"):
-                        async for item in result:
-                            yield item
-                    elif inspect.isawaitable(result):  # handler that uses context.write()
-                        await result
-                    else:
-                        for item in result:
-                            yield item
-                finally:
-                    _record_grpc_code(span, servicer_context)
-
-        return wrapped
-
-
-def _record_grpc_code(span: trace.Span, servicer_context: Any) -> None:
-    """Copy the RPC's status code onto the span; non-OK codes mark the span as an error."""
-    code = None
-    try:
-        code = servicer_context.code()
-    except (AttributeError, RuntimeError):
-        return
-    if isinstance(code, grpc.StatusCode):
-        span.set_attribute("rpc.grpc.status_code", code.value[0])
-        if code is not grpc.StatusCode.OK:
-            span.set_status(Status(StatusCode.ERROR, code.name))
+    def format(self, record: logging.LogRecord) -> str:
+        ctx = trace.get_current_span().get_span_context()
+        trace_id = format(ctx.trace_id, "032x") if ctx.is_valid else ""
+        span_id = format(ctx.span_id, "016x") if ctx.is_valid else ""
+        record.__dict__.update(trace_id=trace_id, span_id=span_id)
+        line = super().format(record)
+        return f"{line} trace_id={trace_id} span_id={span_id}" if ctx.is_valid else line
 
 
 def current_trace_id() -> int:

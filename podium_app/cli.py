@@ -72,6 +72,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "podium_app.commands.kafka",
         "Fetch, start, stop a local single-node Apache Kafka broker (KRaft) for development.",
     ),
+    "deploy": (
+        "podium_app.commands.deploy",
+        "Run a kustomize overlay as local processes, as the cluster would, and check it comes up.",
+    ),
 }
 
 GROUP_HELP = {

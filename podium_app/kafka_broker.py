@@ -631,9 +631,23 @@ def _tail(path: Path, lines: int = 30) -> str:
 # -- command line (scripts/kafka.sh and `podium kafka`) -----------------------------------------
 
 
+ACTIONS = {
+    "fetch": "download the Kafka release (cached)",
+    "start": "start the broker; prints PODIUM_KAFKA_BOOTSTRAP=...",
+    "stop": "stop the broker",
+    "status": "print PODIUM_KAFKA_BOOTSTRAP=... if the broker is up (exit 3 if not)",
+}
+"""The broker's actions and their one-line help."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``podium kafka`` / ``scripts/kafka.sh``."""
-    parser.add_argument("action", choices=("fetch", "start", "stop", "status"), help="what to do")
+    """Arguments of ``scripts/kafka.sh``: the action, then :func:`add_broker_options`."""
+    parser.add_argument("action", choices=tuple(ACTIONS), help="what to do")
+    add_broker_options(parser)
+
+
+def add_broker_options(parser: argparse.ArgumentParser) -> None:
+    """Where and how the broker runs (every action's options)."""
     parser.add_argument(
         "--dir",
         type=Path,

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from podium.bus import Bus, Output, Record, TransactionFencedError, Transformer
 from podium.errors import BusError
+from podium.metrics import record_reward
 from podium.rewards import RewardConfig
 from podium.rewards.events import score_envelope
 from podium.service import ServiceShell
@@ -45,6 +46,9 @@ def score_trajectory(
     """The scored trajectory of one trajectory event (:func:`score_envelope`) as an output of
     the transaction."""
     scored = score_envelope(envelope, reward, fixed_progress=fixed_progress)
+    # Counted when scored, not when committed: a transaction retried after an abort counts
+    # its trajectories again (rare; the dashboards read rates, not exact totals).
+    record_reward(SERVICE, scored.message.components, scored.message.penalties)
     return Output(
         out_topic,
         scored.message,

@@ -5,28 +5,18 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-CACHE="${PODIUM_CACHE:-$HOME/.cache/podium}"
 
-# buf from the npm package @bufbuild/buf, installed once into the cache.
-BUF="$CACHE/buf/node_modules/.bin/buf"
-if [[ ! -x "$BUF" ]]; then
-  mkdir -p "$CACHE/buf"
-  (cd "$CACHE/buf" && npm install --silent --no-save --no-audit --no-fund @bufbuild/buf@1.75.0 >/dev/null)
-fi
+# buf (from npm, installed once into the cache) through scripts/contract.sh.
 echo "lint: buf lint" >&2
-(cd protos && "$BUF" lint)
+(cd protos && bash "$ROOT/scripts/contract.sh" buf lint)
 
-# The contract may only grow: buf breaking (FILE rules, protos/buf.yaml) against
-# protos/baseline.binpb, a committed buf image of the last released contract. A committed
-# image rather than `--against '.git#ref=...'`: it works in any fresh or shallow clone (CI
-# clones with --depth 1 have no older refs), in a source tarball and offline, and the
-# baseline moves only when a release says so, in a reviewed diff (comparing with the branch
-# itself would accept a break the moment it is committed). Additive changes (new fields,
-# messages, RPCs) pass; a removed, renumbered or retyped field fails. At a release, refresh:
-#   T=$(mktemp -d); git archive <release-ref> protos | tar -x -C "$T"
-#   (cd "$T/protos" && buf build --exclude-source-info -o "$ROOT/protos/baseline.binpb")
-echo "lint: buf breaking (against protos/baseline.binpb)" >&2
-(cd protos && "$BUF" breaking --against baseline.binpb)
+# The contract may only grow: buf breaking (FILE rules, protos/buf.yaml) against the previous
+# release's contract, protos/releases/v<version>.binpb (the newest not newer than pyproject's
+# version). A committed image rather than a git ref: it works in any fresh or shallow clone, a
+# source tarball and offline (why, and how a release records its image: scripts/contract.sh).
+# Additive changes (new fields, messages, RPCs) pass; a removed, renumbered or retyped field fails.
+echo "lint: buf breaking (against the previous release)" >&2
+bash scripts/contract.sh breaking
 
 echo "lint: generated protobuf code is up to date" >&2
 TMP="$(mktemp -d)"

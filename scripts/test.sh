@@ -29,6 +29,9 @@ if [[ ! -x "$CACHE/go-bin/kustomize" ]]; then
   (cd /tmp && GOBIN="$CACHE/go-bin" GOFLAGS=-mod=mod go install sigs.k8s.io/kustomize/kustomize/v5@v5.7.1 >&2)
 fi
 export PATH="$PATH:$CACHE/go-bin"
+# The strict manifest checker (tools/k8s-check, Go) and Strimzi's CRD schemas, built once per
+# source hash and Strimzi version into the cache (tests/k8s/test_k8s_strict.py).
+bash tools/k8s-check/install.sh >/dev/null
 
 # Each run gets its own broker directory, so a developer's broker is left alone.
 KAFKA_DIR="$(mktemp -d /tmp/podium-kafka.XXXXXX)"
@@ -61,7 +64,8 @@ echo "test: KServe-V2 server at $PODIUM_V2_GRPC (gRPC)" >&2
 RUN_TMP="$(mktemp -d /tmp/podium-test.XXXXXX)"
 system_pid=""
 trap '[[ -n $system_pid ]] && kill "$system_pid" 2>/dev/null; cleanup; rm -rf "$RUN_TMP"' EXIT INT TERM
-SYSTEM_SUITES=(tests/faults tests/rollout tests/podium_app/test_cycle_kafka.py)
+SYSTEM_SUITES=(tests/faults tests/rollout tests/podium_app/test_cycle_kafka.py
+  tests/k8s/test_local_deployment.py tests/podium_app/train/test_train_resume_kafka.py)
 set +e
 if (($# == 0)); then
   python -m pytest "${SYSTEM_SUITES[@]}" --basetemp="$RUN_TMP/system" --durations=15 \

@@ -78,7 +78,12 @@ scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scrip
 for name, entry in scripts.items():
     module, func = entry.split(":")
     target = venv / "bin" / name
-    target.write_text(f"{shebang}import sys\nfrom {module} import {func}\nsys.exit({func}())\n")
+    # The guard matters: multiprocessing's spawn start method re-imports the main script in
+    # every child (as __mp_main__), which would otherwise run the whole command again there.
+    target.write_text(
+        f"{shebang}import sys\nfrom {module} import {func}\n"
+        f"if __name__ == '__main__':\n    sys.exit({func}())\n"
+    )
     target.chmod(0o755)
 PY
   echo "$STAMP" > "$VENV/.podium-stamp"

@@ -29,6 +29,7 @@ from podium.envs.swarm.drift import DriftingPool, DriftSchedule, load_drift
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.spec import PoolSpec, default_pool, load_pool
 from podium.errors import ConfigError, SpecError
+from podium.metrics import record_subagent_execution
 from podium.service import ServiceShell, default_instance_name
 from podium.v1 import envelope_pb2, subtask_pb2
 from subagent_svc.config import SubagentConfig
@@ -249,6 +250,8 @@ class SubagentApp:
                 idempotency_key=assigned.execution_id,
             )
         self.stats.add(result)
+        outcome = subtask_pb2.Outcome.Name(result.outcome).removeprefix("OUTCOME_").lower()
+        record_subagent_execution(SERVICE, agent=assigned.agent, outcome=outcome)
         _log.debug(
             "%s %s on %s: %s [%.2f, %.2f]",
             assigned.session_id,

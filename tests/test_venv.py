@@ -78,6 +78,19 @@ def test_two_clones_set_up_at_once_each_run_their_own_code(tmp_path: Path) -> No
         ).stdout
         assert "train" in help_text
 
+    # The console script is import-safe: a spawned child (the orchestrator's spec parser
+    # workers use the spawn start method) re-imports it as __mp_main__ and must not rerun the
+    # command. The demo parses its task in such a worker.
+    demo = subprocess.run(
+        [str(venvs["beta"] / "bin" / "podium"), "demo"],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert demo.returncode == 0, demo.stderr[-2000:]
+    assert "received 1 scored trajectory" in demo.stdout
+
     # The shared layer holds no project install that could point anywhere.
     pth = next(venvs["alpha"].glob("lib/python*/site-packages/_podium_1_deps.pth")).read_text()
     deps_site = Path(pth.split("addsitedir(")[1].split(")")[0].strip("'\""))

@@ -27,6 +27,7 @@ first policy step.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -176,16 +177,24 @@ def collate(
     )
 
 
+def _device(agent: SwarmAgent) -> torch.device:
+    """Where the network's weights are (``SwarmSettings.device``; the actor's: cpu)."""
+    return next(agent.net.parameters()).device
+
+
 def _net(agent: SwarmAgent, b: Batch) -> tuple[Tensor, Tensor]:
-    """(masked logits, values) of a padded batch."""
-    logits, values = agent.net(b.slots, b.present, b.globals_, b.pairs, b.masks)
+    """(masked logits, values) of a padded batch, computed where the network is."""
+    dev = _device(agent)
+    logits, values = agent.net(
+        b.slots.to(dev), b.present.to(dev), b.globals_.to(dev), b.pairs.to(dev), b.masks.to(dev)
+    )
     return logits, values
 
 
 def _forward(agent: SwarmAgent, b: Batch) -> tuple[Tensor, Tensor, Tensor]:
     logits, values = _net(agent, b)
     log_p = torch.log_softmax(logits, dim=-1)
-    lp = log_p.gather(-1, b.actions[:, None]).squeeze(-1)
+    lp = log_p.gather(-1, b.actions.to(logits.device)[:, None]).squeeze(-1)
     entropy = -(log_p.exp() * log_p).sum(-1)
     return lp, entropy, values
 
@@ -248,15 +257,18 @@ def behaviour_cloning(
             idx = steps[sel]
             b, _ = collate(demos, idx, use_teacher=True)
             logits, values = _net(agent, b)
-            target_v = torch.from_numpy(np.array([returns[e][t] for e, t in idx], dtype=np.float32))
-            ce = torch.nn.functional.cross_entropy(logits, b.actions)
+            target_v = torch.from_numpy(
+                np.array([returns[e][t] for e, t in idx], dtype=np.float32)
+            ).to(logits.device)
+            actions = b.actions.to(logits.device)
+            ce = torch.nn.functional.cross_entropy(logits, actions)
             loss = ce + 0.5 * ((values - target_v) ** 2).mean()
             opt.zero_grad()
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(agent.net.parameters(), 1.0)
             opt.step()
             tot_loss += float(ce.detach())
-            tot_acc += float((logits.argmax(-1) == b.actions).float().mean())
+            tot_acc += float((logits.argmax(-1) == actions).float().mean())
             batches += 1
         for g in opt.param_groups:  # cosine over the BC epochs
             g["lr"] = cosine_schedule(config.bc_learning_rate, 0.0, (epoch + 1) / n_epochs)
@@ -350,13 +362,14 @@ def _minibatch_loss(
 ) -> PPOLossParts:
     b, _ = collate(episodes, t.steps[sel])
     new_lp, entropy, new_v = _forward(agent, b)
+    dev = new_lp.device
     return ppo_loss(
         new_lp,
-        torch.from_numpy(t.old_log_probs[sel]),
-        normalize_advantages(torch.from_numpy(t.advantages[sel])),
+        torch.from_numpy(t.old_log_probs[sel]).to(dev),
+        normalize_advantages(torch.from_numpy(t.advantages[sel]).to(dev)),
         new_v,
-        torch.from_numpy(t.old_values[sel]),
-        torch.from_numpy(t.returns[sel]),
+        torch.from_numpy(t.old_values[sel]).to(dev),
+        torch.from_numpy(t.returns[sel]).to(dev),
         entropy,
         clip_coef=config.clip_coef,
         ent_coef=ent_coef,
@@ -437,6 +450,29 @@ def swarm_layout(pool: PoolSpec, max_subtasks: int) -> ObservationLayout:
     return ObservationLayout.for_pool(SubagentPool(pool), max_subtasks, EnvConfig().max_running_obs)
 
 
+_PPO = SwarmPPOConfig()
+"""The PPO defaults the settings below do not choose otherwise (written once, there)."""
+
+
+def resolve_device(text: str) -> str:
+    """The torch device a device setting names on this machine: ``cpu``, ``cuda``, ``cuda:N``,
+    or ``auto`` (cuda when one is available, else cpu); ConfigError naming the setting's
+    value when it is malformed or this machine lacks it."""
+    value = text.strip().lower()
+    if value in ("auto", ""):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if value == "cpu":
+        return value
+    if value != "cuda" and not (value.startswith("cuda:") and value[5:].isdigit()):
+        raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {text!r}")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {text!r}: no CUDA device is available on this machine")
+    count = torch.cuda.device_count()
+    if value.startswith("cuda:") and int(value[5:]) >= count:
+        raise ConfigError(f"device {text!r}: this machine has {count} CUDA device(s)")
+    return value
+
+
 @dataclass(frozen=True)
 class SwarmSettings:
     """Settings of :class:`SwarmPPO` (``python -m learner_svc`` reads them from the environment;
@@ -486,6 +522,33 @@ class SwarmSettings:
     critic_warmup_updates: int = env("PODIUM_LEARNER_CRITIC_WARMUP", default=1)
     """First updates that fit only the value head (``ppo_update(critic_only=True)``): the
     cloned critic never saw the reward service's score nor the rollout baseline."""
+    gamma: float = env("PODIUM_LEARNER_GAMMA", default=_PPO.gamma)
+    """Discount (1: none; the objective is a session's total latency)."""
+    clip_coef: float = env("PODIUM_LEARNER_CLIP_COEF", default=_PPO.clip_coef, parse=positive_float)
+    """PPO's clip range ε."""
+    vf_coef: float = env("PODIUM_LEARNER_VF_COEF", default=_PPO.vf_coef)
+    """Weight of the value loss."""
+    update_epochs: int = env(
+        "PODIUM_LEARNER_UPDATE_EPOCHS", default=_PPO.update_epochs, parse=positive_int
+    )
+    """Passes over each batch."""
+    minibatch_size: int = env(
+        "PODIUM_LEARNER_MINIBATCH", default=_PPO.minibatch_size, parse=positive_int
+    )
+    """Decisions per gradient step."""
+    max_grad_norm: float = env(
+        "PODIUM_LEARNER_MAX_GRAD_NORM", default=_PPO.max_grad_norm, parse=positive_float
+    )
+    """Global gradient-norm clip."""
+    target_kl: float = env("PODIUM_LEARNER_TARGET_KL", default=_PPO.target_kl, parse=positive_float)
+    """An update's epochs stop early once the approximate KL exceeds this."""
+    torch_threads: int = env("PODIUM_LEARNER_TORCH_THREADS", default=1, parse=positive_int)
+    """torch's intra-op threads (1: the update runs beside the consumer on cores shared with
+    other services, and its arithmetic is the same in every process)."""
+    device: str = env("PODIUM_LEARNER_DEVICE", default="cpu")
+    """Where the updates run: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``; a device this
+    machine lacks fails the start, naming it. Published weights and exports are the same
+    either way (written from a CPU copy)."""
 
     def __post_init__(self) -> None:
         if not self.artifacts_dir:
@@ -494,6 +557,8 @@ class SwarmSettings:
             raise ConfigError("PODIUM_LEARNER_SEED and PODIUM_LEARNER_CRITIC_WARMUP must be >= 0")
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise ConfigError(f"PODIUM_LEARNER_GAE_LAMBDA must be in [0, 1], got {self.gae_lambda}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError(f"PODIUM_LEARNER_GAMMA must be in [0, 1], got {self.gamma}")
 
     def ppo(self) -> SwarmPPOConfig:
         """The PPO hyperparameters these settings choose."""
@@ -503,6 +568,13 @@ class SwarmSettings:
             ent_coef_start=self.ent_coef_start,
             ent_coef_end=self.ent_coef_end,
             gae_lambda=self.gae_lambda,
+            gamma=self.gamma,
+            clip_coef=self.clip_coef,
+            vf_coef=self.vf_coef,
+            update_epochs=self.update_epochs,
+            minibatch_size=self.minibatch_size,
+            max_grad_norm=self.max_grad_norm,
+            target_kl=self.target_kl,
         )
 
 
@@ -566,11 +638,10 @@ class SwarmPPO:
         """The configured pool's agents: of trajectories that name none, and recorded with each
         version (for reports; the network decides on any pool)."""
         self.ppo = settings.ppo()
-        # One intra-op thread: the update runs beside the consumer on cores shared with the
-        # other services, and its arithmetic is then the same in every process.
-        torch.set_num_threads(1)
+        torch.set_num_threads(settings.torch_threads)
         torch.manual_seed(settings.seed)
         self.agent = SwarmAgent(layout, net=net)
+        self.agent.net.to(resolve_device(settings.device))
         self.model: torch.nn.Module = self.agent.net
         self.optimizer: torch.optim.Optimizer = torch.optim.Adam(
             self.agent.net.parameters(), lr=self.ppo.learning_rate, eps=1e-5
@@ -654,8 +725,12 @@ class SwarmPPO:
     ) -> reward_pb2.PolicyUpdated:
         """safetensors + sha256 under the artifacts root; ONNX into the model repository for
         versions >= 1 (Triton versions start at 1); the announcement signed."""
+        # Published from a CPU copy: the file and the ONNX export do not depend on the device.
+        net = self.agent.net
+        if _device(self.agent).type != "cpu":
+            net = copy.deepcopy(net).cpu()
         ref = save_policy(
-            self.agent.net,
+            net,
             self.settings.artifacts_dir,
             version,
             self.agents,
@@ -664,5 +739,5 @@ class SwarmPPO:
         )
         exported = None
         if self.settings.model_repository and version >= 1:
-            exported = export_swarm_policy(self.agent.net, self.settings.model_repository, version)
+            exported = export_swarm_policy(net, self.settings.model_repository, version)
         return self.signer.sign(swarm_policy_updated(ref, exported, metrics))

@@ -4,8 +4,10 @@ with health, authenticated with the ``operator`` role when ``PODIUM_GRPC_TOKENS`
 Every command goes through the controller's writer loop (:meth:`RolloutController.command`),
 so it is serialised with the batches and written with its transition. Errors: a command that
 does not apply to the state, or a stale ``rollout_id``, is ``FAILED_PRECONDITION`` with the
-state machine's message; a version that cannot be a candidate is ``FAILED_PRECONDITION``
-naming why; a controller that is not the writer now is ``UNAVAILABLE`` (retry: the writer is
+state machine's message; a ``version`` that is not one at all (neither decimal nor
+``rules:<name>``) is ``INVALID_ARGUMENT`` with a ``google.rpc.BadRequest`` naming the field
+(:mod:`podium.service.rich_status`); a version that cannot be a candidate now (an unknown rule
+engine, no verified announcement yet) is ``FAILED_PRECONDITION`` naming why; a controller that is not the writer now is ``UNAVAILABLE`` (retry: the writer is
 the one holding every input partition; commands and GetStatus wait up to
 :data:`~learner_svc.rollout.controller.WRITER_WAIT_S` for it first); a broker failure is
 ``UNAVAILABLE``.
@@ -30,10 +32,14 @@ from learner_svc.rollout.controller import (
     Step,
     status_evidence,
 )
+from learner_svc.rollout.twins import RULE_PREFIX
 from podium.errors import BusError, RolloutConflict
+from podium.policy.versions import is_version_number
 from podium.rollout import advance, pause, propose, resume, rollback
 from podium.service import health_status
 from podium.service.auth import OPERATOR, principal
+from podium.service.rich_status import abort_bad_request
+from podium.telemetry import server_interceptor
 from podium.v1 import rollout_pb2, rollout_pb2_grpc
 
 _log = logging.getLogger(__name__)
@@ -90,6 +96,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self, request: rollout_pb2.ProposeRequest, context: grpc.aio.ServicerContext
     ) -> rollout_pb2.ProposeResponse:
         why = self.controller.runner.candidates.check(request.version)
+        if why is not None and not _well_formed(request.version):
+            # Not a version at all: the request is wrong whatever the state, so the field is named.
+            await abort_bad_request(context, f"propose: {why}", [("version", why)])
         if why is not None:
             await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"propose: {why}")
         actor, version, reason = actor_of(context), request.version, request.reason
@@ -148,6 +157,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return rollout_pb2.RollbackResponse(result=result)
 
 
+def _well_formed(version: str) -> bool:
+    """Whether ``version`` has the form of one (decimal, or ``rules:<name>``), known or not."""
+    return is_version_number(version) or (
+        version.startswith(RULE_PREFIX) and len(version) > len(RULE_PREFIX)
+    )
+
+
 async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, msg: str) -> NoReturn:
     await context.abort(code, msg)
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
@@ -170,7 +186,9 @@ class RolloutServer:
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0)."""
-        server = grpc.aio.server(interceptors=self.security.interceptors(METHOD_ROLES))
+        # Traced first (the global provider: a standalone process installs it), then checked.
+        interceptors = [server_interceptor(), *self.security.interceptors(METHOD_ROLES)]
+        server = grpc.aio.server(interceptors=interceptors)
         # The generated registration function carries no annotations (protoc's grpc plugin).
         rollout_pb2_grpc.add_RolloutServiceServicer_to_server(  # type: ignore[no-untyped-call]
             RolloutServicer(self.controller), server

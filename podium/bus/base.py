@@ -152,6 +152,12 @@ class Subscriber(abc.ABC):
     def assignment(self) -> frozenset[tuple[str, int]]:
         """(topic, partition) pairs this member owns now."""
 
+    async def lag(self) -> dict[tuple[str, int], int]:
+        """Per owned partition whose end is known: records between this member's position and
+        the end (the consumer lag of ``podium.metrics``); empty when the bus cannot tell.
+        Answers from what the last fetches learnt: it never waits on the broker."""
+        return {}
+
 
 TP = tuple[str, int]
 """A (topic, partition) pair."""
@@ -255,6 +261,11 @@ class TransactionalMember(abc.ABC):
     def assignment(self) -> frozenset[TP]:
         """(topic, partition) pairs this member owns now and may write for (fenced partitions
         excluded)."""
+
+    async def lag(self) -> dict[TP, int]:
+        """Per owned partition whose end is known: records between this member's position and
+        the end (see :meth:`Subscriber.lag`)."""
+        return {}
 
     @abc.abstractmethod
     async def begin(self, tp: TP) -> PartitionTransaction:

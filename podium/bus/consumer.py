@@ -51,6 +51,7 @@ from podium.bus.base import (
     TopicSpec,
 )
 from podium.errors import BusError, ConfigError, DecodeError, PodiumError
+from podium.metrics import lag_by_topic, record_consumer_lag, record_dead_letters
 from podium.v1 import envelope_pb2
 
 _log = logging.getLogger(__name__)
@@ -536,7 +537,7 @@ class EventConsumer:
         delay = self.retry_backoff_s
         while True:
             try:
-                return await self._subscriber.fetch(self.max_batch, self.fetch_timeout_s)
+                batch = await self._subscriber.fetch(self.max_batch, self.fetch_timeout_s)
             except BusError as exc:
                 if not exc.retriable or self._stopping.is_set():
                     raise
@@ -544,6 +545,10 @@ class EventConsumer:
                 _log.warning("%s: fetch failed (%s); retrying in %.2fs", self.group_id, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_backoff_max_s)
+                continue
+            lags = lag_by_topic(await self._subscriber.lag(), self.topics)
+            record_consumer_lag(self.group_id, lags)
+            return batch
 
     async def _process(self, record: Record) -> None:
         try:
@@ -656,6 +661,7 @@ class EventConsumer:
                 delay = min(delay * 2, self.retry_backoff_max_s)
                 continue
             self.stats.dead_lettered += 1
+            record_dead_letters(record.topic, self.group_id)
             return
 
     async def _commit(self, records: Sequence[Record]) -> None:

@@ -430,6 +430,14 @@ class InProcSubscriber(Subscriber):
     def assignment(self) -> frozenset[TopicPartition]:
         return self._assigned
 
+    async def lag(self) -> dict[TopicPartition, int]:
+        """Records of each owned partition's log after this member's position."""
+        out: dict[TopicPartition, int] = {}
+        for tp, position in self._position.items():
+            log = self.bus._topics[tp[0]].partitions[tp[1]]
+            out[tp] = max(len(log) - position, 0)
+        return out
+
     def _take(self, max_records: int) -> list[Record]:
         owned = sorted(self._assigned - self._paused - self._held)
         if self._hooks is not None:
@@ -592,6 +600,10 @@ class InProcTransactionalMember(TransactionalMember):
 
     def assignment(self) -> frozenset[TopicPartition]:
         return self.member.assignment() - self.member._held - self._unready - self._fenced
+
+    async def lag(self) -> dict[TopicPartition, int]:
+        owned = self.assignment()
+        return {tp: n for tp, n in (await self.member.lag()).items() if tp in owned}
 
     def _check(self, tp: TopicPartition, epoch: int) -> None:
         """Refuse to write for ``tp`` unless this member owns it under ``epoch``."""

@@ -118,7 +118,10 @@ class KafkaConfig:
     default_partitions: int = 3
     """Partitions of topics this bus creates implicitly (the unit of consumer parallelism)."""
     replication_factor: int = 1
-    """Replication of topics this bus creates implicitly (3 in production clusters)."""
+    """Replication of topics this bus creates (3 in production clusters). A floor: a
+    :class:`TopicSpec` asking for fewer replicas gets this many, so a service that starts
+    before the cluster's declared topics exist never creates one that ``min.insync.replicas``
+    would then refuse every write to."""
     request_timeout_ms: int = 30_000
     """Upper bound on one broker request."""
     linger_ms: int = 5
@@ -329,7 +332,12 @@ class KafkaBus(Bus):
             return
         async with self._topic_lock:
             new = [
-                NewTopic(t.name, t.partitions, t.replication_factor, topic_configs=dict(t.config))
+                NewTopic(
+                    t.name,
+                    t.partitions,
+                    max(t.replication_factor, self.config.replication_factor),
+                    topic_configs=dict(t.config),
+                )
                 for t in wanted
             ]
             try:
@@ -529,6 +537,9 @@ class KafkaBus(Bus):
             consumer.assign([tp])
             end = (await consumer.end_offsets([tp]))[tp]
             stop = end if stop is None else min(stop, end)
+            # Retention may have deleted the range's head: seeking below the log start would
+            # be out of range, and the reset policy would then skip to the end (read nothing).
+            start = max(start, (await consumer.beginning_offsets([tp]))[tp])
             if start >= stop:
                 return
             consumer.seek(tp, start)
@@ -643,6 +654,29 @@ class KafkaSubscriber(Subscriber):
 
     def assignment(self) -> frozenset[tuple[str, int]]:
         return self._assigned
+
+    async def lag(self) -> dict[tuple[str, int], int]:
+        """From the last fetch responses: the partition's end (the last stable offset under
+        ``read_committed``, so open transactions do not count) minus the consumer's position
+        (which steps over transaction markers, so a caught-up member reads 0). Partitions not
+        fetched from yet are left out: their end is unknown, and their position may still be
+        resolving (asking for it would wait on the broker)."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        committed_only = self.config.isolation_level == "read_committed"
+        out: dict[tuple[str, int], int] = {}
+        for tp in consumer.assignment():
+            key = (tp.topic, tp.partition)
+            end = consumer.last_stable_offset(tp) if committed_only else consumer.highwater(tp)
+            if end is None or end < 0 or key not in self._fetched:
+                continue
+            try:
+                position = await consumer.position(tp)
+            except (KafkaError, IllegalStateError):
+                continue  # revoked meanwhile
+            out[key] = max(end - position, 0)
+        return out
 
     def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         self._assigned = frozenset((tp.topic, tp.partition) for tp in assigned)
@@ -1149,6 +1183,9 @@ class KafkaTransactionalMember(TransactionalMember):
 
     def assignment(self) -> frozenset[TP]:
         return frozenset(self._ready)
+
+    async def lag(self) -> dict[TP, int]:
+        return {tp: n for tp, n in (await self.subscriber.lag()).items() if tp in self._ready}
 
     async def begin(self, tp: TP) -> KafkaPartitionTransaction:
         tp = (tp[0], tp[1])

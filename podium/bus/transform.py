@@ -67,6 +67,7 @@ from podium.bus.consumer import (
     publish_span,
 )
 from podium.errors import BusError, ConfigError, DecodeError
+from podium.metrics import lag_by_topic, record_consumer_lag, record_dead_letters
 from podium.v1 import envelope_pb2
 
 _log = logging.getLogger(__name__)
@@ -322,13 +323,16 @@ class Transformer:
         delay = self.retry_backoff_s
         while True:
             try:
-                return await self.member.fetch(self.max_batch, self.poll_timeout_s)
+                batch = await self.member.fetch(self.max_batch, self.poll_timeout_s)
             except BusError as exc:
                 if not exc.retriable or self._stopping.is_set():
                     raise
                 _log.warning("%s: fetch failed (%s); retrying in %.2fs", self, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_backoff_max_s)
+                continue
+            record_consumer_lag(self.group_id, lag_by_topic(await self.member.lag(), self.topics))
+            return batch
 
     async def _transact(self, tp: TP, records: Sequence[Record]) -> None:
         """Begin ``tp``'s transaction, process its records, commit with their offset."""
@@ -352,6 +356,8 @@ class Transformer:
         s.produced += tally.produced
         s.dead_lettered += tally.dead_lettered
         s.duplicates += tally.duplicates
+        if tally.dead_lettered:  # counted once committed: an aborted dead letter never was
+            record_dead_letters(tp[0], self.group_id, tally.dead_lettered)
         _log.debug(
             "%s: committed %d records of %s: %d transformed, %d dead-lettered, %d duplicates",
             self,

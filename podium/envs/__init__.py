@@ -1,1 +1,11 @@
-"""Podium's environments (Gymnasium API). ``podium.envs.swarm`` is the Agent Swarm one."""
+"""Podium's environments (Gymnasium API). ``podium.envs.swarm`` is the Agent Swarm one.
+
+Importing this package registers the swarm environment with Gymnasium as
+``podium/Swarm-v0`` (:mod:`podium.envs.registration`).
+"""
+
+from podium.envs.registration import SWARM_ENV_ID, make_swarm_env, register_envs
+
+register_envs()
+
+__all__ = ["SWARM_ENV_ID", "make_swarm_env", "register_envs"]

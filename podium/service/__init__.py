@@ -2,7 +2,8 @@
 
 * :mod:`podium.service.standalone` — the :class:`App` protocol and ``python -m <svc>``:
   :func:`run_standalone` / :func:`serve` (signals, graceful stop, exit codes, the health
-  server on ``PODIUM_HEALTH_PORT``), :func:`standalone_loader` (config, logging, tracing, bus).
+  server on ``PODIUM_HEALTH_PORT``, the Prometheus endpoint on ``PODIUM_METRICS_PORT``:
+  :func:`start_metrics`), :func:`standalone_loader` (config, logging, tracing, bus).
 * :mod:`podium.service.shell` — :class:`ServiceShell`: an app's consumers, each run in a
   task, stopped within one :class:`Deadline`.
 * :mod:`podium.service.health` — :class:`HealthServer`: ``grpc.health.v1`` on its own port.
@@ -20,10 +21,12 @@ from podium.service.standalone import (
     App,
     default_instance_name,
     health_port_of,
+    ports_of,
     run_standalone,
     serve,
     setup_logging,
     standalone_loader,
+    start_metrics,
 )
 
 __all__ = [
@@ -39,8 +42,10 @@ __all__ = [
     "default_instance_name",
     "health_port_of",
     "health_status",
+    "ports_of",
     "run_standalone",
     "serve",
     "setup_logging",
     "standalone_loader",
+    "start_metrics",
 ]

@@ -7,9 +7,13 @@ The same app runs two ways:
   (``podium demo``, ``podium train``, tests): the caller owns the bus and calls
   ``start()`` / ``stop()`` itself;
 * **standalone** — ``python -m <svc>``: :func:`run_standalone` connects the bus named by the
-  config, starts the app behind a ``grpc.health.v1`` server on ``PODIUM_HEALTH_PORT``, and on
+  config, starts the app behind a ``grpc.health.v1`` server on ``PODIUM_HEALTH_PORT`` and a
+  Prometheus endpoint on ``PODIUM_METRICS_PORT`` (:mod:`podium.metrics`), and on
   SIGTERM/SIGINT stops it gracefully (health NOT_SERVING, stop consuming, finish and commit the
   batch in hand, flush and close producers) and exits 0.
+
+Logs are one line per event on stderr, stamped with the trace and span ids of the span they
+were emitted in (:class:`podium.telemetry.TraceLogFormatter`).
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ from podium.bus import connect
 from podium.bus.base import Bus
 from podium.config import HealthConfig, ServiceConfig, from_env, log_level
 from podium.errors import ConfigError, PodiumError
+from podium.metrics import MetricsServer, setup_metrics
 from podium.service.health import HealthServer
-from podium.telemetry import setup_tracing
+from podium.telemetry import TraceLogFormatter, setup_tracing
 
 # The logger keeps the package's name: operators (and tests) grep for "podium.service".
 _log = logging.getLogger("podium.service")
@@ -77,26 +82,44 @@ def default_instance_name(service: str) -> str:
     return f"{service}/{socket.gethostname()}-{os.getpid()}"
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""The line of a log record (:class:`TraceLogFormatter` appends the trace and span ids)."""
+
+
 def setup_logging(level: str = "INFO") -> None:
-    """One-line-per-event logs on stderr (where container runtimes collect them)."""
-    logging.basicConfig(
-        level=log_level(level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """One-line-per-event logs on stderr (where container runtimes collect them), each line
+    emitted inside a span ending in ``trace_id=<32 hex> span_id=<16 hex>``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TraceLogFormatter(LOG_FORMAT))
+    logging.basicConfig(level=log_level(level), handlers=[handler])
 
 
-def health_port_of(app: App, environ: Mapping[str, str] | None = None) -> int:
-    """The health port for ``app``: its config's setting, else ``PODIUM_HEALTH_PORT`` itself.
+def ports_of(app: App, environ: Mapping[str, str] | None = None) -> HealthConfig:
+    """The health and metrics ports for ``app``: its config's settings, else
+    ``PODIUM_HEALTH_PORT`` / ``PODIUM_METRICS_PORT`` themselves.
 
-    Apps whose config extends :class:`~podium.config.ServiceConfig` already read the variable;
-    any other app (its own config class) gets the same variable through ``podium.config``, so
-    the setting means the same for every service. Raises :class:`ConfigError` naming it.
+    Apps whose config extends :class:`~podium.config.ServiceConfig` already read the variables;
+    any other app (its own config class) gets the same variables through ``podium.config``, so
+    the settings mean the same for every service. Raises :class:`ConfigError` naming them.
     """
     config = getattr(app, "config", None)
     if isinstance(config, HealthConfig):
-        return config.health_port
-    return from_env(HealthConfig, environ).health_port
+        return config
+    return from_env(HealthConfig, environ)
+
+
+def health_port_of(app: App, environ: Mapping[str, str] | None = None) -> int:
+    """The health port for ``app`` (:func:`ports_of`)."""
+    return ports_of(app, environ).health_port
+
+
+def start_metrics(process_name: str, port: int) -> MetricsServer:
+    """The process's meter provider (named ``process_name``, :func:`podium.metrics.setup_metrics`)
+    served on ``port`` (0 = a free port); the caller stops it. ``OSError`` if it is taken."""
+    server = MetricsServer(port, registry=setup_metrics(process_name))
+    server.start()
+    _log.info("%s: Prometheus metrics on port %d", process_name, server.port)
+    return server
 
 
 async def serve(
@@ -105,6 +128,7 @@ async def serve(
     *,
     stop_signals: tuple[int, ...] = STOP_SIGNALS,
     health_port: int | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """Run ``app`` on ``bus`` until a stop signal (or until it ends), then stop both gracefully.
 
@@ -112,18 +136,25 @@ async def serve(
     ``""`` and ``app.name``: NOT_SERVING while starting, SERVING once ``app.start()`` has
     returned, NOT_SERVING again as soon as the stop begins. It is bound before the bus
     connects, so a taken port fails the process before it joins any consumer group.
+    With ``metrics_port`` (0 or None = none), the process's metrics are served there for
+    Prometheus from before the bus connects until the app has stopped.
     The bus is stopped after the app has committed its batch, because stopping the bus is what
     flushes and closes the producer.
     """
+    metrics = start_metrics(app.name, metrics_port) if metrics_port else None
     health = HealthServer(health_port, services=(app.name,)) if health_port is not None else None
-    if health is not None:
-        port = await health.start()
-        _log.info("%s: grpc.health.v1 on port %d", app.name, port)
     try:
-        await _serve_on_bus(app, bus, health, stop_signals)
-    finally:
         if health is not None:
-            await health.stop(HEALTH_GRACE_S)
+            port = await health.start()
+            _log.info("%s: grpc.health.v1 on port %d", app.name, port)
+        try:
+            await _serve_on_bus(app, bus, health, stop_signals)
+        finally:
+            if health is not None:
+                await health.stop(HEALTH_GRACE_S)
+    finally:
+        if metrics is not None:
+            metrics.stop()
     _log.info("%s: stopped", app.name)
 
 
@@ -171,16 +202,16 @@ def run_standalone(name: str, load: Callable[[], tuple[App, Bus]]) -> int:
     ``load`` reads the config (and calls :func:`setup_logging` with its level) and builds the
     app and its bus; a :class:`ConfigError` there (or in ``PODIUM_HEALTH_PORT``) is printed as
     one line naming the variable and exits 2 before anything connects. The app is served with
-    its health server on the port :func:`health_port_of` gives.
+    its health server and its metrics endpoint on the ports :func:`ports_of` gives.
     """
     try:
         app, bus = load()
-        health_port = health_port_of(app)
+        ports = ports_of(app)
     except ConfigError as exc:
         print(f"{name}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        asyncio.run(serve(app, bus, health_port=health_port))
+        asyncio.run(serve(app, bus, health_port=ports.health_port, metrics_port=ports.metrics_port))
     except PodiumError as exc:
         _log.error("%s: %s", name, exc)
         return EXIT_FAILED

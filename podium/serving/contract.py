@@ -16,19 +16,21 @@ Every backend (in-process torch, a KServe-V2 server, Triton on GPUs) runs the sa
 
 ``batch``, ``n_subtasks`` and ``n_agents`` are dynamic (``N`` follows them), so one exported
 file serves tasks of any size on pools of any size: the network reads agents by their
-features, never by position. This module is numpy-only: the MLServer adapter and the CLI use
-it without torch.
+features, never by position. This module needs numpy and protobuf (Triton's ``ModelConfig``),
+never torch: the MLServer adapter and the CLI use it without torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from podium.envs.swarm.actions import CONTROL_ACTIONS, SPLIT_CHOICES, ActionCodec
 from podium.errors import PodiumError
+from podium.serving.pbtxt import TritonModelConfig, render_model_config
 
 INPUT_NAMES = (
     "subtask_features",
@@ -232,60 +234,92 @@ def render_policy_config(
 ) -> str:
     """The Triton ``config.pbtxt`` of a policy model named ``name``.
 
-    ``gpu=True`` (production) declares GPU instances with TensorRT as execution accelerator in
-    fp16; onnxruntime falls back to its CUDA provider for any operator TensorRT cannot take.
+    Built as Triton's own ``ModelConfig`` message and written with protobuf's text format
+    (:mod:`podium.serving.pbtxt`), so every field is one Triton knows. ``gpu=True``
+    (production) declares GPU instances with TensorRT as execution accelerator in fp16;
+    onnxruntime falls back to its CUDA provider for any operator TensorRT cannot take.
     ``gpu=False`` declares CPU instances. MLServer's adapter reads the tensor declarations and
     version policy and ignores the GPU settings, so tests serve the production file unchanged.
 
     ``value`` is ``[batch]`` in the ONNX graph; Triton requires every non-batch tensor to have
-    at least one dimension, so the config declares ``dims: [1]`` with ``reshape { shape: [] }``
+    at least one dimension, so the config declares ``dims: [1]`` with an empty ``reshape``
     (Triton's documented form for a per-item scalar). Clients then read ``value`` as
     ``[batch, 1]`` from Triton and ``[batch]`` from MLServer; :mod:`podium.serving.backends`
     flattens both.
     """
     if max_batch_size < 1:
         raise ObservationError("max_batch_size must be >= 1 (the policy batches on axis 0)")
+    message = policy_model_config(
+        name,
+        signature,
+        max_batch_size=max_batch_size,
+        gpu=gpu,
+        instances=instances,
+        max_queue_delay_us=max_queue_delay_us,
+    )
+    return render_model_config(message, _CONFIG_COMMENTS + (_GPU_COMMENTS if gpu else ()))
+
+
+_CONFIG_COMMENTS = (
+    "Written by podium.serving.contract.render_policy_config: Triton's ModelConfig in",
+    "protobuf text format. value is [batch] in the graph; Triton needs a non-batch",
+    "dimension, hence dims [1] with an empty reshape. dynamic_batching: requests with the",
+    "same numbers of subtasks and agents are batched together.",
+)
+"""Header of every rendered config: the reasons the text format has no place for."""
+
+_GPU_COMMENTS = (
+    "GPU path: TensorRT execution accelerator in fp16. fp16 arithmetic moves logits by far",
+    "more than the 1e-4 fp32 parity tolerance, which is a CPU (fp32) guarantee. LayerNorm",
+    "stays fp32 inside the engine (it overflows in fp16). Engines are built per input shape",
+    "and cached across restarts at /cache/tensorrt (a volume in k8s/base/triton.yaml).",
+)
+"""Header lines added on the GPU path."""
+
+_TRT_PARAMETERS = {
+    "precision_mode": "FP16",
+    "max_workspace_size_bytes": "1073741824",
+    "trt_layer_norm_fp32_fallback": "1",
+    "trt_engine_cache_enable": "1",
+    "trt_engine_cache_path": "/cache/tensorrt",
+}
+"""onnxruntime's TensorRT execution accelerator settings on the GPU path (see the header)."""
+
+
+def policy_model_config(
+    name: str,
+    signature: PolicySignature,
+    *,
+    max_batch_size: int,
+    gpu: bool,
+    instances: int,
+    max_queue_delay_us: int,
+) -> Any:
+    """Triton's ``ModelConfig`` message of a policy model (see :func:`render_policy_config`)."""
     f, g, p = signature.subtask_features, signature.global_features, signature.pair_features
-    kind = "KIND_GPU" if gpu else "KIND_CPU"
-    lines = [
-        f'name: "{name}"',
-        'platform: "onnxruntime_onnx"',
-        f"max_batch_size: {max_batch_size}",
-        "version_policy: { latest: { num_versions: 1 } }",
-        "input [",
-        f'  {{ name: "subtask_features" data_type: TYPE_FP32 dims: [ -1, {f} ] }},',
-        '  { name: "subtask_mask" data_type: TYPE_BOOL dims: [ -1 ] },',
-        f'  {{ name: "global_features" data_type: TYPE_FP32 dims: [ {g} ] }},',
-        f'  {{ name: "pair_features" data_type: TYPE_FP32 dims: [ -1, -1, {p} ] }},',
-        '  { name: "action_mask" data_type: TYPE_BOOL dims: [ -1 ] }',
-        "]",
-        "output [",
-        '  { name: "logits" data_type: TYPE_FP32 dims: [ -1 ] },',
-        '  { name: "value" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } }',
-        "]",
-        "# Requests with the same numbers of subtasks and agents are batched together.",
-        f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}",
-        f"instance_group [ {{ count: {instances} kind: {kind} }} ]",
-    ]
+    config = TritonModelConfig(
+        name=name,
+        platform="onnxruntime_onnx",
+        max_batch_size=max_batch_size,
+    )
+    config.version_policy.latest.num_versions = 1
+    for tensor, dtype, dims in (
+        ("subtask_features", "TYPE_FP32", [-1, f]),
+        ("subtask_mask", "TYPE_BOOL", [-1]),
+        ("global_features", "TYPE_FP32", [g]),
+        ("pair_features", "TYPE_FP32", [-1, -1, p]),
+        ("action_mask", "TYPE_BOOL", [-1]),
+    ):
+        config.input.add(name=tensor, data_type=dtype, dims=dims)
+    config.output.add(name="logits", data_type="TYPE_FP32", dims=[-1])
+    config.output.add(name="value", data_type="TYPE_FP32", dims=[1]).reshape.SetInParent()
+    config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
+    config.instance_group.add(count=instances, kind="KIND_GPU" if gpu else "KIND_CPU")
     if gpu:
-        lines += [
-            "# GPU path: TensorRT execution accelerator in fp16. fp16 arithmetic moves logits by",
-            "# far more than the 1e-4 fp32 parity tolerance, which is a CPU (fp32) guarantee.",
-            "optimization { execution_accelerators {",
-            "  gpu_execution_accelerator: [ {",
-            '    name: "tensorrt"',
-            '    parameters { key: "precision_mode" value: "FP16" }',
-            '    parameters { key: "max_workspace_size_bytes" value: "1073741824" }',
-            "    # LayerNorm in fp16 overflows easily; keep it in fp32 inside the engine.",
-            '    parameters { key: "trt_layer_norm_fp32_fallback" value: "1" }',
-            "    # Engines are built per input shape; cache them across restarts (an emptyDir",
-            "    # or volume mounted at this path in k8s/base/triton.yaml).",
-            '    parameters { key: "trt_engine_cache_enable" value: "1" }',
-            '    parameters { key: "trt_engine_cache_path" value: "/cache/tensorrt" }',
-            "  } ]",
-            "} }",
-        ]
-    return "\n".join(lines) + "\n"
+        accelerators = config.optimization.execution_accelerators
+        tensorrt = accelerators.gpu_execution_accelerator.add(name="tensorrt")
+        tensorrt.parameters.update(_TRT_PARAMETERS)
+    return config
 
 
 def stack_padded(batches: list[PolicyInputs], signature: PolicySignature) -> PolicyInputs:

@@ -1,8 +1,9 @@
 """MLServer adapter: serve a Triton model repository of ONNX files with onnxruntime.
 
 Runs inside MLServer's own virtual environment (``scripts/v2server.sh``), never in the
-project's: it imports only ``mlserver``, ``onnxruntime``, ``numpy`` and the stdlib-only parts
-of ``podium`` (:mod:`podium.serving.pbtxt`, :mod:`podium.errors`).
+project's: it imports only ``mlserver``, ``onnxruntime``, ``numpy`` and the torch-free parts
+of ``podium`` (:mod:`podium.serving.pbtxt`, which reads ``config.pbtxt`` as Triton's
+``ModelConfig`` with the ``tritonclient`` MLServer itself depends on; :mod:`podium.errors`).
 
 The Triton layout stays the single source of truth: MLServer normally discovers models by
 ``model-settings.json`` files, but it accepts a pluggable repository class

@@ -1,21 +1,37 @@
-"""Triton ``config.pbtxt``: the subset Podium uses, parsed and rendered with the stdlib only.
+"""Triton ``config.pbtxt``: Triton's own ``ModelConfig`` message, in protobuf text format.
 
-Triton's model configuration is a ``ModelConfig`` protobuf in text format. Both sides of the
-repository need it: the project writes it next to each exported model, and the MLServer
-adapter (which runs in MLServer's own environment, without tritonclient's generated protobuf
-classes) reads it to serve the same files. So this module carries a small, generic reader of
-the protobuf text format (fields, nested messages, repeated values in ``[...]``, comments,
-quoted strings) into nested dicts, and a typed :class:`ModelConfig` view of the fields that
-matter for serving. Unknown fields are kept in the dict and ignored, as Triton ignores nothing
-but a V2 CPU server has no use for (e.g. ``optimization`` for TensorRT).
+Triton's model configuration is the ``inference.ModelConfig`` protobuf (Triton's
+``model_config.proto``) written in text format. This module parses and writes it with
+protobuf's :mod:`google.protobuf.text_format` against that very message, as generated in
+``tritonclient.grpc.model_config_pb2`` (shipped with ``tritonclient[grpc]``, a dependency of
+the project and of MLServer, so the V2 server's environment has it too). That one generated
+module is loaded without the ``tritonclient.grpc`` package's ``__init__``, which imports
+Triton's gRPC service protos: inside MLServer those collide with MLServer's own copy of the
+KServe-V2 protos (both define ``inference.ServerLiveRequest`` in the default descriptor
+pool), and ``ModelConfig`` needs neither. Whatever Triton would
+refuse is refused here, with a :class:`~podium.errors.ConfigError` naming the file, the
+line and the problem: an unknown or misspelled field (``unknown field 'dim' in
+inference.ModelInput``), an unknown enum value (``TYPE_FOO``), a scalar given twice, bad
+syntax. Nothing is kept as loose text or dicts: :attr:`ModelConfig.message` is the full
+protobuf, and :class:`ModelConfig` is a typed view of the fields that matter for serving
+(name, platform, tensors, version policy, file name).
+
+Writers build a ``ModelConfig`` message and call :func:`render_model_config`, so a written
+file is exactly what Triton reads back (round trip: ``parse(render(m)) == m``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+from google.protobuf import text_format
 
 from podium.errors import ConfigError
 from podium.policy.versions import is_version_number
@@ -23,15 +39,34 @@ from podium.policy.versions import is_version_number
 CONFIG_FILE = "config.pbtxt"
 """File name of a model's configuration inside the repository."""
 
-_TOKEN = re.compile(
-    r"""
-    (?P<ws>\s+|\#[^\n]*)
-  | (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
-  | (?P<punct>[{}\[\]:,;<>])
-  | (?P<word>[A-Za-z0-9_.+\-]+)
-    """,
-    re.VERBOSE,
-)
+_MODULE = "tritonclient.grpc.model_config_pb2"
+
+
+def _load_model_config_pb2() -> ModuleType:
+    """Triton's generated ``model_config_pb2``, under its own name, without running the
+    ``tritonclient.grpc`` package's ``__init__`` (see the module docstring). Registered in
+    ``sys.modules``, so a later ``import tritonclient.grpc`` reuses this very module."""
+    loaded = sys.modules.get(_MODULE)
+    if loaded is not None:
+        return loaded
+    package = importlib.util.find_spec("tritonclient")
+    if package is None or not package.submodule_search_locations:
+        raise ConfigError("tritonclient is not installed: it holds Triton's ModelConfig message")
+    path = Path(next(iter(package.submodule_search_locations))) / "grpc" / "model_config_pb2.py"
+    spec = importlib.util.spec_from_file_location(_MODULE, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise ConfigError(f"tritonclient has no {path}: it holds Triton's ModelConfig message")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_MODULE] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+model_config_pb2 = _load_model_config_pb2()
+"""Triton's ``model_config_pb2`` (``tritonclient.grpc.model_config_pb2``)."""
+
+TritonModelConfig = model_config_pb2.ModelConfig
+"""Triton's ``inference.ModelConfig`` message class (``tritonclient.grpc.model_config_pb2``)."""
 
 TRITON_DTYPES = {
     "TYPE_BOOL": "BOOL",
@@ -45,116 +80,10 @@ TRITON_DTYPES = {
     "TYPE_FP64": "FP64",
     "TYPE_STRING": "BYTES",
 }
-"""Triton config data types -> KServe-V2 protocol data types."""
+"""Triton ``DataType`` names -> KServe-V2 protocol data types (the ones Podium serves)."""
 
-
-def _tokens(text: str, source: str) -> list[str]:
-    out: list[str] = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            line = text.count("\n", 0, pos) + 1
-            raise ConfigError(f"{source}:{line}: unexpected character {text[pos]!r}")
-        if m.lastgroup != "ws":
-            out.append(m.group())
-        pos = m.end()
-    return out
-
-
-def _scalar(token: str) -> Any:
-    if token[0] in "\"'":
-        return bytes(token[1:-1], "utf-8").decode("unicode_escape")
-    for kind in (int, float):
-        try:
-            return kind(token)
-        except ValueError:
-            pass
-    if token in ("true", "True"):
-        return True
-    if token in ("false", "False"):
-        return False
-    return token  # enum identifier, e.g. TYPE_FP32 or KIND_GPU
-
-
-class _Parser:
-    def __init__(self, tokens: list[str], source: str) -> None:
-        self.tokens = tokens
-        self.i = 0
-        self.source = source
-
-    def error(self, message: str) -> ConfigError:
-        near = " ".join(self.tokens[max(0, self.i - 3) : self.i + 3])
-        return ConfigError(f"{self.source}: {message} (near: {near!r})")
-
-    def peek(self) -> str | None:
-        return self.tokens[self.i] if self.i < len(self.tokens) else None
-
-    def take(self) -> str:
-        tok = self.peek()
-        if tok is None:
-            raise self.error("unexpected end of file")
-        self.i += 1
-        return tok
-
-    def message(self, closing: str | None) -> dict[str, Any]:
-        """Fields until ``closing`` (or the end). Repeated fields collect into lists."""
-        fields: dict[str, Any] = {}
-        while True:
-            tok = self.peek()
-            if tok is None:
-                if closing is not None:
-                    raise self.error(f"missing {closing!r}")
-                return fields
-            if tok == closing:
-                self.i += 1
-                return fields
-            if tok in (",", ";"):
-                self.i += 1
-                continue
-            name = self.take()
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise self.error(f"expected a field name, got {name!r}")
-            if self.peek() == ":":
-                self.i += 1
-            value = self.value()
-            if name in fields:
-                prev = fields[name]
-                merged = prev if isinstance(prev, list) else [prev]
-                merged.extend(value if isinstance(value, list) else [value])
-                fields[name] = merged
-            else:
-                fields[name] = value
-
-    def value(self) -> Any:
-        tok = self.take()
-        if tok in ("{", "<"):
-            return self.message("}" if tok == "{" else ">")
-        if tok == "[":
-            items: list[Any] = []
-            while self.peek() != "]":
-                if self.peek() is None:
-                    raise self.error("missing ']'")
-                if self.peek() == ",":
-                    self.i += 1
-                    continue
-                items.append(self.value())
-            self.i += 1
-            return items
-        if tok in "{}[]:,;<>":
-            raise self.error(f"unexpected {tok!r}")
-        return _scalar(tok)
-
-
-def parse_text(text: str, source: str = CONFIG_FILE) -> dict[str, Any]:
-    """Protobuf text format -> nested dicts (repeated fields as lists). ``source`` names errors."""
-    return _Parser(_tokens(text, source), source).message(None)
-
-
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return value if isinstance(value, list) else [value]
+_UNKNOWN_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "(\w+)"')
+_POSITION = re.compile(r"^(\d+):(\d+) : ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,12 +102,12 @@ class TensorConfig:
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """The serving-relevant part of a Triton ``config.pbtxt``."""
+    """The serving-relevant view of a Triton ``config.pbtxt``, with the full message beside it."""
 
     name: str
     """Model name; must equal its directory name in the repository."""
     platform: str
-    """Triton platform, e.g. ``onnxruntime_onnx``."""
+    """Triton platform (or backend when no platform is set), e.g. ``onnxruntime_onnx``."""
     max_batch_size: int
     """Largest batch per request; 0 means the model has no implicit batch dimension."""
     inputs: tuple[TensorConfig, ...]
@@ -191,8 +120,9 @@ class ModelConfig:
     """Versions named by a ``specific`` policy."""
     default_model_filename: str = "model.onnx"
     """File inside each version directory."""
-    raw: dict[str, Any] = field(default_factory=dict)
-    """Every parsed field, including those not modelled here."""
+    message: Any = field(default=None, compare=False)
+    """The parsed ``inference.ModelConfig`` message, every field included (e.g. the GPU
+    ``optimization`` a V2 CPU server ignores). Typed ``Any``: tritonclient ships no stubs."""
 
     def versions_to_serve(self, available: list[int]) -> list[int]:
         """The versions of ``available`` the version policy selects, newest first."""
@@ -204,54 +134,97 @@ class ModelConfig:
         return ordered[: self.latest_versions]
 
 
+def _parse_error(source: str, exc: text_format.ParseError) -> ConfigError:
+    """A ConfigError ``<source>:<line>:<col>: <problem>``; an unknown field is named as such."""
+    text = str(exc)
+    where = source
+    pos = _POSITION.match(text)
+    if pos is not None:
+        where = f"{source}:{pos.group(1)}:{pos.group(2)}"
+        text = text[pos.end() :]
+    unknown = _UNKNOWN_FIELD.search(text)
+    if unknown is not None:
+        message, name = unknown.groups()
+        text = (
+            f"unknown field {name!r} in {message} (Triton's model configuration has no such field)"
+        )
+    return ConfigError(f"{where}: {text}")
+
+
+def parse_model_config(text: str, source: str = CONFIG_FILE) -> Any:
+    """``config.pbtxt`` text -> Triton's ``ModelConfig`` message (strict: no unknown fields).
+
+    ``source`` (the file's path) is named in every error.
+    """
+    message = TritonModelConfig()
+    try:
+        text_format.Parse(text, message)
+    except text_format.ParseError as exc:
+        raise _parse_error(source, exc) from None
+    return message
+
+
+def render_model_config(message: Any, comments: Sequence[str] = ()) -> str:
+    """Triton's ``ModelConfig`` message -> ``config.pbtxt`` text, after ``# comment`` lines.
+
+    The text format has no place for comments inside a message, so the reasons behind
+    settings go in a header.
+    """
+    if not isinstance(message, TritonModelConfig):
+        raise TypeError(f"expected inference.ModelConfig, got {type(message).__name__}")
+    header = "".join(f"# {line}".rstrip() + "\n" for line in comments)
+    return header + text_format.MessageToString(message)
+
+
 def _tensor(entry: Any, where: str) -> TensorConfig:
-    if not isinstance(entry, dict) or "name" not in entry:
+    if not entry.name:
         raise ConfigError(f"{where}: every input/output needs a name")
-    dtype = str(entry.get("data_type", ""))
+    dtype = model_config_pb2.DataType.Name(entry.data_type)
     if dtype not in TRITON_DTYPES:
         raise ConfigError(
-            f"{where}: tensor {entry['name']!r} has unsupported data_type {dtype!r} "
+            f"{where}: tensor {entry.name!r} has unsupported data_type {dtype} "
             f"(expected one of {', '.join(TRITON_DTYPES)})"
         )
-    dims = tuple(int(d) for d in _as_list(entry.get("dims")))
-    reshape_msg = entry.get("reshape")
-    reshape = (
-        tuple(int(d) for d in _as_list(reshape_msg.get("shape")))
-        if isinstance(reshape_msg, dict)
-        else None
+    reshape = tuple(int(d) for d in entry.reshape.shape) if entry.HasField("reshape") else None
+    return TensorConfig(
+        entry.name, TRITON_DTYPES[dtype], tuple(int(d) for d in entry.dims), reshape
     )
-    return TensorConfig(str(entry["name"]), TRITON_DTYPES[dtype], dims, reshape)
+
+
+def _version_policy(message: Any) -> tuple[int | None, tuple[int, ...]]:
+    """(latest N or None, specific versions) of Triton's version policy; default: latest 1."""
+    policy = message.version_policy
+    chosen = policy.WhichOneof("policy_choice") if message.HasField("version_policy") else None
+    if chosen == "latest":
+        return int(policy.latest.num_versions or 1), ()
+    if chosen == "all":
+        return None, ()
+    if chosen == "specific":
+        return None, tuple(int(v) for v in policy.specific.versions)
+    return 1, ()
+
+
+def model_config_from_message(message: Any, source: str = CONFIG_FILE) -> ModelConfig:
+    """The serving view of a parsed ``ModelConfig``; :class:`ConfigError` names ``source``."""
+    if not message.name:
+        raise ConfigError(f"{source}: 'name' is required")
+    latest, specific = _version_policy(message)
+    return ModelConfig(
+        name=message.name,
+        platform=message.platform or message.backend,
+        max_batch_size=int(message.max_batch_size),
+        inputs=tuple(_tensor(e, source) for e in message.input),
+        outputs=tuple(_tensor(e, source) for e in message.output),
+        latest_versions=latest,
+        specific_versions=specific,
+        default_model_filename=message.default_model_filename or "model.onnx",
+        message=message,
+    )
 
 
 def model_config_from_text(text: str, source: str = CONFIG_FILE) -> ModelConfig:
     """Parse ``config.pbtxt`` text; :class:`ConfigError` names ``source`` and the problem."""
-    raw = parse_text(text, source)
-    name = raw.get("name")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{source}: 'name' is required")
-    platform = str(raw.get("platform") or raw.get("backend") or "")
-    policy = raw.get("version_policy") or {}
-    latest: int | None = 1
-    specific: tuple[int, ...] = ()
-    if isinstance(policy, dict) and policy:
-        if "latest" in policy:
-            latest = int((policy["latest"] or {}).get("num_versions", 1))
-        elif "all" in policy:
-            latest = None
-        elif "specific" in policy:
-            latest = None
-            specific = tuple(int(v) for v in _as_list(policy["specific"].get("versions")))
-    return ModelConfig(
-        name=name,
-        platform=platform,
-        max_batch_size=int(raw.get("max_batch_size", 0)),
-        inputs=tuple(_tensor(e, source) for e in _as_list(raw.get("input"))),
-        outputs=tuple(_tensor(e, source) for e in _as_list(raw.get("output"))),
-        latest_versions=latest,
-        specific_versions=specific,
-        default_model_filename=str(raw.get("default_model_filename") or "model.onnx"),
-        raw=raw,
-    )
+    return model_config_from_message(parse_model_config(text, source), source)
 
 
 def read_model_config(model_dir: str | Path) -> ModelConfig:

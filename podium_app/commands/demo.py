@@ -34,6 +34,7 @@ from podium.bus.base import Bus
 from podium.envs.swarm.spec import PoolSpec, default_pool, default_tasks_dir, load_pool
 from podium.errors import PodiumError
 from podium.rewards import default_config
+from podium.service import start_metrics
 from podium.telemetry import client_interceptors
 from podium.v1 import (
     reward_pb2,
@@ -73,9 +74,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="give up after this many seconds (default 30)"
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve the services' Prometheus metrics on this port (/metrics); default 0: none",
+    )
+    parser.add_argument(
+        "--metrics-linger",
+        type=float,
+        default=0.0,
+        help="keep the metrics endpoint up this many seconds after the run (default 0)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    """The demo, with the embedded services' metrics served on ``--metrics-port`` (one
+    endpoint: the four services share this process's meter provider, each labelled by its
+    ``service``) from before the services start until ``--metrics-linger`` after the run."""
+    if not 0 <= args.metrics_port <= 65535 or args.metrics_linger < 0:
+        print(
+            "podium demo: --metrics-port must be in 0..65535, --metrics-linger >= 0",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        metrics = start_metrics("podium", args.metrics_port) if args.metrics_port else None
+    except OSError as exc:
+        print(f"podium demo: --metrics-port {args.metrics_port}: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
+        return _run(args)
+    finally:
+        if metrics is not None:
+            print(
+                f"metrics: http://127.0.0.1:{metrics.port}/metrics "
+                f"(for {args.metrics_linger:g} s more)",
+                file=sys.stderr,
+            )
+            time.sleep(args.metrics_linger)
+            metrics.stop()
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("podium demo: --workers must be >= 1", file=sys.stderr)
         return 2

@@ -10,156 +10,99 @@ import math
 import signal
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from podium.errors import PodiumError
+from podium.errors import ConfigError, PodiumError
 
 if TYPE_CHECKING:
-    from podium_app.train.config import TrainResult
+    from podium_app.train.config import TrainConfig, TrainResult
 
 PROG = "podium train"
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+QUICK: dict[str, Any] = {
+    "suite_size": 60,
+    "sizes": (5, 20),
+    "curriculum": (12, 20),
+    "bc_demos_per_task": 1,
+    "bc_epochs": 2,
+    "dagger_rounds": 1,
+    "dagger_epochs": 1,
+    "iterations": 4,
+    "episodes_per_iteration": 32,
+    "num_envs": 16,
+    "eval_every": 2,
+    "validation_seeds": 1,
+    "test_suite_size": 8,
+    "test_sizes": (5, 25),
+    "test_episodes": 2,
+}
+"""``--quick``: a 1-2 minute smoke run (a preset under ``--config`` and the flags)."""
 
+ALIASES = {"episodes_per_iteration": ("--episodes",), "test_suite_size": ("--test-tasks",)}
+"""Older flag names kept working beside the generated ones."""
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+GENERATED_SUITES = ("suite_size", "test_suite_size")
+"""Settings that size the generated suites (refused on the command line with ``--tasks``)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``podium train`` (defaults take about 17 CPU-minutes)."""
+    """Options of ``podium train``: one flag per setting of ``TrainConfig`` and its sections
+    (generated: :mod:`podium_app.settings_cli`), plus ``--config``, ``--resume`` and
+    ``--quick``. The defaults take about 17 CPU-minutes."""
+    from podium_app.settings_cli import add_flags
+    from podium_app.train.config import train_settings
+
     parser.add_argument(
-        "--run-dir",
-        type=Path,
-        default=Path("runs/latest"),
-        help="output directory (default runs/latest)",
-    )
-    parser.add_argument(
-        "--bus",
-        default="inproc://",
-        help="inproc:// (default: embedded, reward_svc and learner_svc as tasks in this process) "
-        "or kafka://HOST:PORT (the same job, python -m reward_svc and python -m learner_svc as "
-        "processes against the broker)",
-    )
-    parser.add_argument(
-        "--iterations", type=_positive, default=None, help="PPO iterations (default 60)"
-    )
-    parser.add_argument(
-        "--episodes", type=_positive, default=None, help="sessions per PPO iteration (default 96)"
-    )
-    parser.add_argument(
-        "--suite-size", type=_positive, default=None, help="generated training tasks (default 400)"
-    )
-    parser.add_argument(
-        "--bc-epochs", type=_positive, default=None, help="behaviour-cloning epochs (default 2)"
-    )
-    parser.add_argument(
-        "--test-tasks", type=_positive, default=None, help="held-out test tasks (default 60)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    parser.add_argument(
-        "--pool",
+        "--config",
         type=Path,
         metavar="FILE",
         default=None,
-        help="your pool spec (JSON/YAML, docs/specs.md): the profiles its agents advertise, "
-        "and, when it carries true: profiles, how they really behave (the simulated "
-        "sub-agents draw from those; planners never see them). Default: the shipped pool",
+        help="settings from a YAML or TOML file: top-level keys are the settings below "
+        "without their section, sections (ppo:, env:, network:) are mappings of theirs "
+        "(a run's RUN_DIR/config.yaml reproduces it). Flags override the file, the file "
+        "overrides the defaults",
     )
     parser.add_argument(
-        "--tasks",
+        "--resume",
         type=Path,
-        metavar="DIR_OR_FILE",
+        metavar="RUN_DIR",
         default=None,
-        help="your task library (a directory of task specs, or one file), checked against "
-        "the pool; a hashed 20%% is held out for the final table (none with fewer than 10 "
-        "tasks). Default: generated suites over the pool's kinds",
-    )
-    parser.add_argument(
-        "--pool-variants",
-        type=_count,
-        default=None,
-        metavar="N",
-        help="also train on N variants of the pool (renamed agents, other counts, true "
-        "profiles slower/flakier/better than advertised), each session on one pool drawn "
-        "uniformly (default 0)",
-    )
-    parser.add_argument(
-        "--init",
-        type=Path,
-        metavar="CHECKPOINT",
-        default=None,
-        help="start from this trained policy (a policy .safetensors, its version directory or "
-        "a `podium train` run directory) instead of behaviour cloning: fine-tune it on this "
-        "run's pool and tasks. Default: clone the rule engine",
-    )
-    parser.add_argument(
-        "--model-repository",
-        type=Path,
-        default=None,
-        help="also export every published version to ONNX into this Triton model "
-        "repository (<DIR>/swarm_policy/<version>/model.onnx; default: weights only)",
+        help="continue the run in RUN_DIR from its last checkpoint (the learner's weights, "
+        "optimizer, update counter and generator; the driver's random streams, statistics "
+        "stores, curves and TensorBoard step) with its config.yaml; flags (e.g. "
+        "--iterations to run longer) override it",
     )
     parser.add_argument(
         "--quick", action="store_true", help="a 1-2 minute smoke run (tiny suite, few iterations)"
     )
+    add_flags(parser.add_argument_group("settings"), train_settings(), aliases=ALIASES)
 
 
 def config_from_args(args: argparse.Namespace) -> object:
-    """The :class:`TrainConfig` the options describe."""
-    from podium_app.train.config import TrainConfig
+    """The :class:`TrainConfig` the options describe: defaults < ``--quick`` < the resumed
+    run's ``config.yaml`` < ``--config`` < flags. ConfigError naming the key, the flag or
+    the file for anything unusable."""
+    from podium_app.settings_cli import apply, flag_values, load_file
+    from podium_app.train.config import DERIVED, TrainConfig, train_settings
 
-    cfg = TrainConfig(
-        run_dir=args.run_dir,
-        bus=args.bus,
-        seed=args.seed,
-        model_repository=args.model_repository,
-        pool=args.pool,
-        tasks=args.tasks,
-        init=args.init,
-    )
-    if args.quick:
-        cfg = replace(
-            cfg,
-            suite_size=60,
-            sizes=(5, 20),
-            curriculum=(12, 20),
-            bc_demos_per_task=1,
-            bc_epochs=2,
-            dagger_rounds=1,
-            dagger_epochs=1,
-            iterations=4,
-            episodes_per_iteration=32,
-            num_envs=16,
-            eval_every=2,
-            validation_seeds=1,
-            test_suite_size=8,
-            test_sizes=(5, 25),
-            test_episodes=2,
-        )
-    overrides = {
-        "iterations": args.iterations,
-        "episodes_per_iteration": args.episodes,
-        "suite_size": args.suite_size,
-        "bc_epochs": args.bc_epochs,
-        "test_suite_size": args.test_tasks,
-        "pool_variants": args.pool_variants,
-    }
-    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    settings = train_settings()
+    values: dict[str, Any] = dict(QUICK) if args.quick else {}
+    if args.resume is not None:
+        values.update(load_file(args.resume / "config.yaml", settings, derived=DERIVED))
+        values["run_dir"] = args.resume
+    if args.config is not None:
+        values.update(load_file(args.config, settings, derived=DERIVED))
+    flags = flag_values(args, settings)
+    if args.resume is not None and "run_dir" in flags and flags["run_dir"] != args.resume:
+        raise ConfigError("--run-dir: a resumed run stays in its directory (--resume RUN_DIR)")
+    values.update(flags)
+    return apply(TrainConfig(), values)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -188,38 +131,46 @@ def set_aside_previous_run(run_dir: Path) -> Path | None:
     return target
 
 
-def check_inputs(args: argparse.Namespace) -> str | None:
-    """The one-line problem with ``--pool`` / ``--tasks`` (a missing or invalid file, a task
-    the pool cannot run, a flag that does not apply), or None: checked before anything else
-    happens, the previous run included."""
-    from podium_app.train.config import TrainConfig
+def check_inputs(args: argparse.Namespace) -> tuple[TrainConfig | None, str | None]:
+    """The config the options give, or the one-line problem with them (a setting, a
+    ``--config`` file, ``--pool`` / ``--tasks`` / ``--init``, a device this machine lacks, a
+    flag that does not apply): checked before anything else happens, the previous run
+    included."""
+    from podium_app.settings_cli import given_flag
+    from podium_app.train.config import TrainConfig, train_settings
     from podium_app.train.suites import load_train_pool, task_suites
 
-    if args.tasks is not None:
-        for flag, value in (("--suite-size", args.suite_size), ("--test-tasks", args.test_tasks)):
-            if value is not None:
-                return (
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        return None, str(exc)
+    assert isinstance(cfg, TrainConfig)
+    if cfg.tasks is not None:
+        for s in train_settings():
+            if s.key in GENERATED_SUITES and given_flag(args, s):
+                flag = " / ".join((s.flag, *ALIASES.get(s.key, ())))
+                return None, (
                     f"{flag} sizes the generated suites; with --tasks the tasks are your "
-                    f"files ({args.tasks}): drop {flag}"
+                    f"files ({cfg.tasks}): drop {flag}"
                 )
     try:
-        pool = load_train_pool(args.pool)
+        pool = load_train_pool(cfg.pool)
     except PodiumError as exc:
-        return f"--pool: {exc}"
-    if args.init is not None:
+        return None, f"--pool: {exc}"
+    if cfg.init is not None:
         from podium.policy.swarm import load_policy, resolve_checkpoint
 
         try:
-            load_policy(resolve_checkpoint(args.init))
+            load_policy(resolve_checkpoint(cfg.init))
         except PodiumError as exc:
-            return f"--init: {exc}"
-    if args.tasks is None:
-        return None
+            return None, f"--init: {exc}"
+    if cfg.tasks is None:
+        return cfg, None
     try:
-        task_suites(TrainConfig(tasks=args.tasks), pool.advertised)
+        task_suites(cfg, pool.advertised)
     except PodiumError as exc:
-        return f"--tasks: {exc}"
-    return None
+        return None, f"--tasks: {exc}"
+    return cfg, None
 
 
 def print_result(result: TrainResult) -> None:
@@ -246,19 +197,19 @@ def print_result(result: TrainResult) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train, showing live progress on stderr, then print the held-out table; 2 with a line
-    naming the flag when ``--pool`` or ``--tasks`` is unusable."""
-    problem = check_inputs(args)
-    if problem is not None:
+    """Train (or go on with ``--resume``), showing live progress on stderr, then print the
+    held-out table; 2 with a line naming the setting, flag or file when the options are
+    unusable."""
+    cfg, problem = check_inputs(args)
+    if cfg is None:
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
-    moved = set_aside_previous_run(args.run_dir)
-    if moved is not None:
-        print(f"previous run in {args.run_dir} moved to {moved}", file=sys.stderr)
-    from podium_app.train.job import TrainConfig, train
+    if args.resume is None:
+        moved = set_aside_previous_run(cfg.run_dir)
+        if moved is not None:
+            print(f"previous run in {cfg.run_dir} moved to {moved}", file=sys.stderr)
+    from podium_app.train.job import train
 
-    cfg = config_from_args(args)
-    assert isinstance(cfg, TrainConfig)
     console = Console(stderr=True)
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -270,7 +221,13 @@ def run(args: argparse.Namespace) -> int:
         console=console,
     ) as bar:
         # With --init there is nothing to clone: the first phase only loads and validates it.
-        start = "loading --init" if cfg.init is not None else "behaviour cloning"
+        start = (
+            f"resuming {cfg.run_dir}"
+            if args.resume is not None
+            else "loading --init"
+            if cfg.init is not None
+            else "behaviour cloning"
+        )
         task = bar.add_task(start, total=cfg.iterations, figures="")
 
         def progress(phase: str, f: dict[str, float]) -> None:
@@ -311,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             signal.signal(signal.SIGTERM, _interrupt)
-            result = asyncio.run(train(cfg, progress))
+            result = asyncio.run(train(cfg, progress, resume_run=args.resume is not None))
         except PodiumError as exc:
             console.print(f"[red]error:[/red] {exc}")
             return 1

@@ -8,8 +8,53 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from learner_svc.algorithms.swarm import SwarmPPOConfig
+from learner_svc.algorithms.swarm import SwarmPPOConfig, resolve_device
+from podium.envs.swarm import EnvConfig
 from podium.errors import ConfigError
+from podium.policy.network import NetworkConfig
+from podium_app.settings_cli import Setting, dump_yaml, flat_values, settings_of
+
+LAYOUT_WIDTHS = ("slot_features", "global_features", "pair_features")
+"""The network's input widths: the observation layout's, never a setting."""
+
+DERIVED = {
+    "env.max_subtasks": "the run sets it from its task suites (the largest task's subtasks)",
+    "env.max_running_obs": "the learner and the orchestrator read the default running table",
+    "env.rule_advice": "policies are served with the advice columns on",
+    "env.feed_stats": "stats_feed chooses what feeds the statistics stores",
+    "ppo.bc_epochs": "bc_epochs (the run's own setting) counts the cloning passes",
+    **{
+        f"network.{name}": "the observation layout sets the network's input widths"
+        for name in LAYOUT_WIDTHS
+    },
+}
+"""Fields of :class:`TrainConfig`'s sections that are not the run's to choose (it computes
+them, or what serves the policy fixes them), with the reason: no flag, no config file key (a
+file setting one is refused with the reason), not written to ``config.yaml``."""
+
+POSITIVE = (
+    "suite_size",
+    "test_suite_size",
+    "bc_demos_per_task",
+    "bc_epochs",
+    "iterations",
+    "episodes_per_iteration",
+    "num_envs",
+    "eval_every",
+    "validation_seeds",
+    "test_episodes",
+    "torch_threads",
+)
+"""Counts of :class:`TrainConfig` that must be at least 1."""
+
+
+_DEFAULT_ENV = EnvConfig(invalid_action="raise")
+"""The run's environment settings by default (see :attr:`TrainConfig.env`)."""
+
+
+def _default_network() -> NetworkConfig:
+    """The default network shape; the widths are placeholders (:data:`LAYOUT_WIDTHS`)."""
+    return NetworkConfig(slot_features=0, global_features=0, pair_features=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +181,22 @@ class TrainConfig:
     Small steps and little entropy: PPO fine-tunes a policy that already *is* the rule engine
     (measured on the held-out suite: lr 1e-4 and entropy 0.003 beat cpls by 0.012
     latency/bound, lr 3e-4 and entropy 0.01 by 0.003, drifting off it in between)."""
+    env: EnvConfig = field(default_factory=lambda: _DEFAULT_ENV)
+    """The simulated environment of every session (training, validation, the final table).
+    ``max_subtasks`` is the run's (its largest task); an invalid action raises by default, as
+    a policy acting through its mask never takes one and a bug must not pass as a penalty."""
+    network: NetworkConfig = field(default_factory=_default_network)
+    """Shape of the policy network behaviour cloning builds (``d_model``, ``heads``,
+    ``layers``, ``ff_mult``; the input widths are the observation's). With ``init`` the
+    network is the given policy's, so these must stay at their defaults."""
+    device: str = "cpu"
+    """Where behaviour cloning and the learner's PPO updates run: ``cpu``, ``cuda``,
+    ``cuda:N`` or ``auto`` (cuda when one is available, else cpu). The actor's sessions run
+    their batched forward passes on the CPU either way (small tensors, one step at a time)."""
+    torch_threads: int = 1
+    """Intra-op threads of torch in this process and in the learner: 1 keeps the arithmetic
+    the same on every machine and leaves the other cores to the services; more speeds up
+    the updates of a large network or batch on a machine to itself."""
     max_policy_lag: int = 0
     """The learner's η. The driver waits for each version before the next batch, so every
     trajectory is on-policy (lag 0)."""
@@ -158,11 +219,39 @@ class TrainConfig:
             raise ConfigError(f"pool_variants must be >= 0, got {self.pool_variants}")
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        for name in POSITIVE:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self._check_sections()
         if self.min_tasks_to_hold_out < 3:
             raise ConfigError(
                 "min_tasks_to_hold_out must be >= 3 (a training, a validation and a test "
                 f"task), got {self.min_tasks_to_hold_out}"
             )
+
+    def _check_sections(self) -> None:
+        """ConfigError naming the section's setting the run could not honour."""
+        net = self.network
+        if min(net.d_model, net.heads, net.layers, net.ff_mult) < 1:
+            raise ConfigError("network.d_model, heads, layers and ff_mult must be >= 1")
+        if net.d_model % net.heads:
+            raise ConfigError(
+                f"network.d_model ({net.d_model}) must be divisible by network.heads ({net.heads})"
+            )
+        if self.init is not None and net != _default_network():
+            raise ConfigError(
+                "network: with init the network is the given policy's; leave network.* unset"
+            )
+        for key, why in DERIVED.items():
+            section, _, name = key.partition(".")
+            if section == "env" and getattr(self.env, name) != getattr(_DEFAULT_ENV, name):
+                raise ConfigError(f"{key} cannot be set: {why}")
+        resolve_device(self.device)  # a device this machine lacks fails here, naming it
+
+    def network_shape(self) -> dict[str, int]:
+        """The network's settings, without the layout's input widths (``SwarmAgent``'s
+        ``net_kwargs``)."""
+        return {k: v for k, v in self.network.to_dict().items() if k not in LAYOUT_WIDTHS}
 
     def to_json(self) -> dict[str, Any]:
         """Plain values for the run's config.json."""
@@ -222,6 +311,28 @@ ADVICE = "advice"
 """``TrainConfig.rollout_baseline`` value naming the advice's rule engine (:func:`teacher_rule`)."""
 
 
+def train_settings() -> list[Setting]:
+    """Every setting of :class:`TrainConfig` a flag or config file may set (its sections'
+    fields included, :data:`DERIVED` left out), defaults the ones in force."""
+    return settings_of(TrainConfig(), derived=DERIVED)
+
+
+def config_yaml(config: TrainConfig) -> str:
+    """``config`` as the YAML config file that reproduces it (``--config FILE``)."""
+    return dump_yaml(config, train_settings())
+
+
+def hyperparameters(config: TrainConfig) -> dict[str, bool | int | float | str]:
+    """Every setting of ``config`` as TensorBoard's hparams take them (dotted keys; None as
+    ``"none"``, paths and lists as text)."""
+    out: dict[str, bool | int | float | str] = {}
+    for key, value in flat_values(config, train_settings()).items():
+        out[key] = value if isinstance(value, bool | int | float | str) else str(value)
+        if value is None:
+            out[key] = "none"
+    return out
+
+
 def teacher_rule(advice: str) -> str:
     """The rule engine whose decisions the observation's advice columns carry for
     ``EnvConfig.advice`` ``advice``: ``cpls`` on the advertisement, or ``cpls-online`` on the
@@ -231,4 +342,15 @@ def teacher_rule(advice: str) -> str:
     return "cpls-online" if advice == "online" else "cpls"
 
 
-__all__ = ["ADVICE", "IterationLog", "Progress", "TrainConfig", "TrainResult", "teacher_rule"]
+__all__ = [
+    "ADVICE",
+    "DERIVED",
+    "IterationLog",
+    "Progress",
+    "TrainConfig",
+    "TrainResult",
+    "config_yaml",
+    "hyperparameters",
+    "teacher_rule",
+    "train_settings",
+]

@@ -50,11 +50,12 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from learner_svc.algorithms.swarm import behaviour_cloning
+from learner_svc.algorithms.swarm import behaviour_cloning, resolve_device
+from learner_svc.checkpoint import load_checkpoint
 from podium.bus import Bus, EventPublisher, connect, is_kafka_url
 from podium.envs.swarm import EnvConfig, SwarmEnv
 from podium.envs.swarm.benchmark import warm_up
-from podium.errors import ArtifactError, PodiumError
+from podium.errors import ArtifactError, ConfigError, PodiumError
 from podium.observed import AgentStats
 from podium.policy.agent import SwarmAgent
 from podium.policy.artifacts import path_from_uri
@@ -63,8 +64,15 @@ from podium.policy.holder import PolicyHolder
 from podium.policy.network import SwarmPolicyNet
 from podium.policy.rollout import Job, run_episodes
 from podium.policy.signing import TrustedKeys
-from podium.policy.swarm import build_swarm_policy, load_policy, resolve_checkpoint, save_policy
+from podium.policy.swarm import (
+    MODEL_NAME,
+    build_swarm_policy,
+    load_policy,
+    resolve_checkpoint,
+    save_policy,
+)
 from podium.v1 import reward_pb2, trajectory_pb2
+from podium_app.train import resume
 from podium_app.train.actor import Actor, VersionFollower, by_pool, publish_trajectories
 from podium_app.train.config import (
     ADVICE,
@@ -72,6 +80,8 @@ from podium_app.train.config import (
     Progress,
     TrainConfig,
     TrainResult,
+    config_yaml,
+    hyperparameters,
     teacher_rule,
 )
 from podium_app.train.evaluate import (
@@ -121,6 +131,8 @@ class _Run:
     pool_rng: np.random.Generator
     """Draws each training session's pool (its own stream: the tasks and seeds drawn from
     ``rng`` are the same with or without pool variants)."""
+    device: str = "cpu"
+    """Where behaviour cloning runs (``TrainConfig.device`` on this machine)."""
     t0: float = field(default_factory=time.perf_counter)
     val_jobs: list[Job] = field(default_factory=list)
     cpls_val_ratio: float = math.nan
@@ -150,7 +162,10 @@ def _cold_start(run: _Run) -> tuple[Path, list[dict[str, float]], trajectory_pb2
     engine (and DAgger rounds if configured), or the ``init`` policy when one is given."""
     cfg, tasks = run.config, run.tasks
     teacher = teacher_rule(run.env_cfg.advice)
-    agent = SwarmAgent(run.envs[0].layout, net=_init_net(cfg.init) if cfg.init else None)
+    if cfg.init is not None:
+        agent = SwarmAgent(run.envs[0].layout, net=_init_net(cfg.init))
+    else:
+        agent = SwarmAgent(run.envs[0].layout, None, **cfg.network_shape())
     _, before = run_episodes(
         run.envs, [Job(tasks.test[0], 424242)], agent=agent, greedy=True, with_trajectories=True
     )
@@ -169,6 +184,12 @@ def _cold_start(run: _Run) -> tuple[Path, list[dict[str, float]], trajectory_pb2
     extra = {"init": "bc"} if cfg.init is None else {"init": "policy", "source": str(cfg.init)}
     ref = save_policy(agent.net, cfg.run_dir / "init", 0, tuple(run.envs[0].layout.agents), **extra)
     return ref.path, history, before[0]
+
+
+def _init_path(config: TrainConfig) -> Path:
+    """Where the run keeps its starting policy (the learner's version 0 when it has no
+    checkpoint)."""
+    return config.run_dir / "init" / MODEL_NAME / "0" / "weights.safetensors"
 
 
 def _init_net(path: Path) -> SwarmPolicyNet:
@@ -190,7 +211,7 @@ def _clone(run: _Run, agent: SwarmAgent, teacher: str) -> list[dict[str, float]]
         for t in run.tasks.train
     ]
     demos, _ = by_pool(demo_jobs, _draw_pools(run, len(demo_jobs)), _rule(run, teacher))
-    history = behaviour_cloning(agent, demos, cfg.ppo, run.rng, epochs=cfg.bc_epochs)
+    history = _cloning(run, agent, demos, cfg.bc_epochs)
     data = list(demos)
     for rnd in range(cfg.dagger_rounds):
         # DAgger: the cloned policy drives, the teacher labels the states it reaches, and the
@@ -207,12 +228,24 @@ def _clone(run: _Run, agent: SwarmAgent, teacher: str) -> list[dict[str, float]]
             )
         )
         data += labelled
-        more = behaviour_cloning(agent, data, cfg.ppo, run.rng, epochs=cfg.dagger_epochs)
+        more = _cloning(run, agent, data, cfg.dagger_epochs)
         for h in more:
             h["epoch"] += len(history)
             h["dagger_agreement"] = agreement
         history += more
     return history
+
+
+def _cloning(
+    run: _Run, agent: SwarmAgent, demos: list[Episode], epochs: int
+) -> list[dict[str, float]]:
+    """Behaviour cloning on the run's device; the network back on the CPU after it, where
+    the actor's sessions run it."""
+    agent.net.to(run.device)
+    try:
+        return behaviour_cloning(agent, demos, run.config.ppo, run.rng, epochs=epochs)
+    finally:
+        agent.net.to("cpu")
 
 
 async def _validate(run: _Run, log: IterationLog, event: reward_pb2.PolicyUpdated) -> None:
@@ -363,22 +396,57 @@ async def _finish(
     from podium_app.train.report import write_report
 
     write_report(result, before, after[0])
+    _log_hyperparameters(run, summary)
     return result
 
 
+def _log_hyperparameters(run: _Run, summary: dict[str, Any]) -> None:
+    """Every setting of the run, with its held-out figures, to TensorBoard's hparams (in
+    the run's own log directory, so the HParams dashboard links the session to its curves)."""
+    from torch.utils.tensorboard.summary import hparams
+
+    learned = summary["summary"].get("learned", {})
+    metrics = {
+        "hparam/heldout_ratio_to_bound": learned.get("ratio_to_bound_mean", math.nan),
+        "hparam/heldout_completion": learned.get("completion_rate_mean", math.nan),
+        "hparam/heldout_reduction_vs_sequential": learned.get(
+            "reduction_vs_sequential_mean", math.nan
+        ),
+        "hparam/heldout_cpls_ratio_to_bound": summary["summary"]
+        .get("cpls", {})
+        .get("ratio_to_bound_mean", math.nan),
+        "hparam/best_val_ratio_to_bound": run.best.ratio if run.best else math.nan,
+        "hparam/best_version": float(run.best.version) if run.best else math.nan,
+    }
+    step = run.history[-1].iteration if run.history else 0
+    writer = run.writer._get_file_writer()
+    for part in hparams(hyperparameters(run.config), metrics):  # type: ignore[no-untyped-call]
+        writer.add_summary(part)
+    for tag, value in metrics.items():
+        run.writer.add_scalar(tag, value, step)
+    run.writer.flush()
+
+
 def training_envs(
-    config: TrainConfig, tasks: Suites, pools: list[TrainPool], env_cfg: EnvConfig
+    config: TrainConfig,
+    tasks: Suites,
+    pools: list[TrainPool],
+    env_cfg: EnvConfig,
+    stores: list[AgentStats | None] | None = None,
 ) -> list[list[SwarmEnv]]:
     """Each pool's lock-step environments on a statistics store of its own (none without
     :attr:`TrainConfig.agent_stats`), warmed by :attr:`TrainConfig.store_warmup` cpls
     sessions per training task on that pool's truth (the bench's own warm-up,
     :func:`podium.envs.swarm.benchmark.warm_up`); the sessions run on them feed the store
-    only with :attr:`TrainConfig.stats_feed` ``"sessions"``."""
+    only with :attr:`TrainConfig.stats_feed` ``"sessions"``. ``stores``: each pool's store
+    as a resumed run left it (no warm-up then)."""
     acting = env_cfg if config.stats_feed == "sessions" else replace(env_cfg, feed_stats=False)
     out = []
-    for pool in pools:
+    for i, pool in enumerate(pools):
         store = AgentStats() if config.agent_stats else None
-        if store is not None and config.store_warmup > 0:
+        if stores is not None:
+            store = stores[i]
+        elif store is not None and config.store_warmup > 0:
             warm_up(
                 pool_envs(1, tasks.train, pool, env_cfg, store)[0],
                 tasks.train,
@@ -389,17 +457,23 @@ def training_envs(
     return out
 
 
-def _new_run(config: TrainConfig, bus: Bus, say: Progress) -> _Run:
+def _new_run(
+    config: TrainConfig, bus: Bus, say: Progress, state: resume.DriverState | None = None
+) -> _Run:
+    """The run's environments, actor, services and log; ``state``: where a resumed run's
+    driver left off (its stores, random streams and figures)."""
     from torch.utils.tensorboard import SummaryWriter
 
     torch.manual_seed(config.seed)
-    torch.set_num_threads(1)
+    torch.set_num_threads(config.torch_threads)
     config.run_dir.mkdir(parents=True, exist_ok=True)
-    (config.run_dir / "config.json").write_text(json.dumps(config.to_json(), indent=2))
+    # The resolved settings: `podium train --config RUN_DIR/config.yaml` runs this run again.
+    (config.run_dir / "config.yaml").write_text(config_yaml(config))
     pools = training_pools(config)
     tasks = task_suites(config, pools[0].advertised)
-    env_cfg = EnvConfig(max_subtasks=tasks.max_size, invalid_action="raise")
-    envs, *more = training_envs(config, tasks, pools, env_cfg)
+    env_cfg = replace(config.env, max_subtasks=tasks.max_size)
+    stores = resume.restored_stores(state) if state is not None else None
+    envs, *more = training_envs(config, tasks, pools, env_cfg, stores)
     # The run's own key pair: the learner signs with it, the actor trusts only it.
     actor = Actor(
         envs,
@@ -426,36 +500,88 @@ def _new_run(config: TrainConfig, bus: Bus, say: Progress) -> _Run:
         say=say,
         rng=np.random.default_rng(config.seed),
         pool_rng=np.random.default_rng([config.seed, 1]),
+        device=resolve_device(config.device),
     )
     run.val_jobs = [
         Job(t, 50_000 + s) for s in range(config.validation_seeds) for t in tasks.validation
     ]
+    if state is not None:
+        resume.restore_streams(state, run.rng, run.pool_rng, actor.generator)
+        run.cpls_val_ratio, run.cpls_val_completion = (
+            state.cpls_val_ratio,
+            state.cpls_val_completion,
+        )
+        run.history = list(state.history)
+        if state.best is not None:
+            run.best = _Best(*state.best)
     return run
 
 
-async def train(config: TrainConfig, progress: Progress | None = None) -> TrainResult:
-    """Run the whole job; see the module docstring."""
+def _checkpoint(run: _Run, iteration: int, bc_history: list[dict[str, float]]) -> None:
+    """The driver's half of the run's checkpoint (:mod:`podium_app.train.resume`), after
+    ``iteration`` (0: the starting version validated)."""
+    stores = [envs[0].stats for envs in run.actor.pools]
+    streams = resume.capture(iteration, run.rng, run.pool_rng, run.actor.generator, stores)
+    best = (run.best.ratio, run.best.version, run.best.event) if run.best else None
+    state = resume.DriverState(
+        **streams,
+        cpls_val_ratio=run.cpls_val_ratio,
+        cpls_val_completion=run.cpls_val_completion,
+        history=run.history,
+        bc_history=bc_history,
+        best=best,
+    )
+    resume.save(run.config.run_dir, state)
+
+
+def _resumed(config: TrainConfig) -> tuple[resume.DriverState, trajectory_pb2.Trajectory, int]:
+    """The driver's state of the run in ``config.run_dir``, its "before" session and the
+    iterations done (the learner's checkpoint decides: see :func:`resume.start_iteration`)."""
+    state, before = resume.load(config.run_dir)
+    ckpt = load_checkpoint(config.run_dir / "learner")
+    if ckpt is None:
+        raise ConfigError(f"--resume {config.run_dir}: the learner has no checkpoint there")
+    return state, before, resume.start_iteration(state, ckpt.state.policy_version)
+
+
+async def train(
+    config: TrainConfig, progress: Progress | None = None, *, resume_run: bool = False
+) -> TrainResult:
+    """Run the whole job; see the module docstring. ``resume_run``: go on with the run in
+    ``config.run_dir`` from its last checkpoint (the learner's weights, optimizer and update
+    counter, the driver's random streams, stores and curves) instead of starting one."""
+    resumed = _resumed(config) if resume_run else None
     bus = connect(config.bus)
-    run = _new_run(config, bus, progress or (lambda _phase, _figs: None))
+    run = _new_run(config, bus, progress or (lambda _phase, _figs: None), resumed and resumed[0])
     await bus.start()
     following: asyncio.Task[None] | None = None
     exit_codes: dict[str, int] = {}
     try:
-        init, bc_history, before = _cold_start(run)
+        if resumed is None:
+            init, bc_history, before = _cold_start(run)
+            resume.save_before(config.run_dir, before)
+            version = 0
+        else:
+            state, before, version = resumed
+            init, bc_history = _init_path(config), state.bc_history
         follower = run.follower
         await run.services.start(
             bus, init, run.tasks.max_size, {follower.group_id: [run.services.topics.policy]}
         )
         await follower.consumer.start()
         following = asyncio.create_task(follower.consumer.run(), name="actor-policy-updates")
-        first = await run.guarded(run.follower.wait_version(0, None), "policy version 0")
-        start = IterationLog(0, 0, 0, math.nan, math.nan, math.nan, {})
-        await _validate(run, start, first)
-        start.wall_s = time.perf_counter() - run.t0
-        run.history.append(start)
-        version = 0
-        for it in range(1, config.iterations + 1):
+        first = await run.guarded(
+            run.follower.wait_version(version, None), f"policy version {version}"
+        )
+        if resumed is None:
+            start = IterationLog(0, 0, 0, math.nan, math.nan, math.nan, {})
+            await _validate(run, start, first)
+            start.wall_s = time.perf_counter() - run.t0
+            run.history.append(start)
+            _checkpoint(run, 0, bc_history)
+        for it in range(version + 1, config.iterations + 1):
             version = await _iteration(run, it, version)
+            _checkpoint(run, it, bc_history)
         run.writer.flush()
         result = await _finish(run, bc_history, before)
     finally:

@@ -96,8 +96,17 @@ def learner_settings(
         ent_coef_start=ppo.ent_coef_start,
         ent_coef_end=ppo.ent_coef_end,
         gae_lambda=ppo.gae_lambda,
+        gamma=ppo.gamma,
+        clip_coef=ppo.clip_coef,
+        vf_coef=ppo.vf_coef,
+        update_epochs=ppo.update_epochs,
+        minibatch_size=ppo.minibatch_size,
+        max_grad_norm=ppo.max_grad_norm,
+        target_kl=ppo.target_kl,
         total_updates=config.iterations,
         critic_warmup_updates=config.critic_warmup_iterations,
+        torch_threads=config.torch_threads,
+        device=config.device,
     )
     # Behaviour cloning runs in the driver and reads the rest of TrainConfig.ppo itself; a
     # PPO setting the learner cannot be given must not be silently dropped.
@@ -111,8 +120,8 @@ def learner_settings(
             if getattr(ppo, f.name) != getattr(reaches, f.name)
         ]
         raise ConfigError(
-            f"TrainConfig.ppo: {', '.join(lost)} cannot reach the learner (its settings are "
-            "learning rate, entropy and GAE λ); leave them at their defaults"
+            f"TrainConfig.ppo: {', '.join(lost)} cannot reach the learner (SwarmSettings has "
+            "no such setting); leave them at their defaults"
         )
     return loop, algorithm
 
@@ -157,7 +166,9 @@ class EmbeddedServices:
     def __init__(self, config: TrainConfig, tag: str) -> None:
         self.config = config
         self.tag = tag
-        self.topics = RunTopics()  # a fresh in-process bus holds no one else's events
+        # A run's own topics even on a fresh in-process bus: a resumed learner's checkpoint
+        # holds offsets of the previous process's topics, which must not apply to these.
+        self.topics = RunTopics.private(tag)
         self._apps: dict[str, App] = {}
         self._waits: dict[str, asyncio.Task[None]] = {}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_kustomize import _render
+from test_kustomize import _render, _workloads
 
 from podium.bus import KafkaConfig
 from podium_app.kafka_auth import SERVICES, service_grants
@@ -52,9 +52,9 @@ def test_each_service_user_has_exactly_the_dev_brokers_acls() -> None:
 @pytest.mark.parametrize("overlay", ["dev", "prod"])
 def test_each_service_logs_in_as_its_own_user_over_tls(overlay: str) -> None:
     docs = _render(overlay)
-    deployments = _by_kind(docs, "Deployment")
+    workloads = _workloads(docs)  # the learner is a StatefulSet
     for service in SERVICES:
-        pod = deployments[service]["spec"]["template"]["spec"]
+        pod = workloads[service]["spec"]["template"]["spec"]
         (container,) = [c for c in pod["containers"] if c["name"] == service]
         env = {e["name"]: e for e in container["env"]}
         config = KafkaConfig.from_url(env["PODIUM_BUS"]["value"], sasl_password="from-secret")

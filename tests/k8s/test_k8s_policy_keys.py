@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_kustomize import _render
+from test_kustomize import _render, _workloads
 
 SIGNING_SECRET = "podium-policy-signing-key"
 TRUSTED_SECRET = "podium-policy-trusted-keys"
@@ -36,7 +36,7 @@ def test_learner_signs_orchestrator_verifies_with_separate_secrets(overlay: str)
     assert {SIGNING_SECRET, TRUSTED_SECRET} <= set(secrets)
     for name in (SIGNING_SECRET, TRUSTED_SECRET):
         assert all("REPLACE-ME" in v for v in secrets[name]["stringData"].values()), name
-    deployments = _by_name(docs, "Deployment")
+    deployments = _workloads(docs)  # the learner is a StatefulSet
 
     env, mounts, volumes = _mounts(deployments["learner"])
     key = env["PODIUM_POLICY_SIGNING_KEY"]

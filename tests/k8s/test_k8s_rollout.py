@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from test_kustomize import _render
+from test_kustomize import _render, _workloads
 
 from learner_svc.config import MODES, LearnerConfig, LoopSettings
 from learner_svc.rollout.config import ControllerSettings
@@ -82,7 +82,9 @@ def test_the_rollout_controller_runs_alone_safely_and_as_its_own_user(overlay: s
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == health, probe
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"grpc": grpc_port, "health": health}
+    metrics = int(env["PODIUM_METRICS_PORT"]["value"])
+    assert ports == {"grpc": grpc_port, "health": health, "metrics": metrics}
+    assert len({grpc_port, health, metrics}) == 3
     service = _by_name(docs, "Service")["rollout"]
     assert service["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     (port,) = service["spec"]["ports"]
@@ -104,7 +106,7 @@ def test_the_rollout_controller_runs_alone_safely_and_as_its_own_user(overlay: s
 
     # Every PODIUM_* setting it is given is one the controller reads.
     read = _read_by(LearnerConfig, ControllerSettings) | {"PODIUM_KAFKA_SASL_PASSWORD"}
-    given = {n for n in env if n.startswith("PODIUM_") and n != "PODIUM_SERVICE_NAME"}
+    given = {n for n in env if n.startswith("PODIUM_")}
     assert given <= read, given - read
 
 
@@ -115,7 +117,7 @@ def test_grpc_tokens_and_tls_come_from_secrets(overlay: str) -> None:
     assert secrets[TLS_SECRET]["type"] == "kubernetes.io/tls"
     for name in (TOKENS_SECRET, TLS_SECRET):  # placeholders until an operator fills them
         assert all("REPLACE-ME" in v for v in secrets[name]["stringData"].values()), name
-    deployments = _by_name(docs, "Deployment")
+    deployments = _workloads(docs)
     for name, settings in (("orchestrator", OrchestratorConfig), ("rollout", ControllerSettings)):
         dep = deployments[name]
         env = _env(_container(dep))
@@ -145,7 +147,7 @@ def test_grpc_tokens_and_tls_come_from_secrets(overlay: str) -> None:
 
 @pytest.mark.parametrize("overlay", ["dev", "prod"])
 def test_orchestrators_route_by_the_rollout_and_the_learner_follows_it(overlay: str) -> None:
-    deployments = _by_name(_render(overlay), "Deployment")
+    deployments = _workloads(_render(overlay))
     orchestrator = _env(_container(deployments["orchestrator"]))
     assert orchestrator["PODIUM_ROLLOUT"]["value"] == "controlled"
     assert "PODIUM_ROLLOUT" in _read_by(OrchestratorConfig)

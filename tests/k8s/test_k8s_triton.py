@@ -1,4 +1,5 @@
-"""The Triton Deployment and Service in k8s/base, as rendered by kustomize."""
+"""The Triton Deployment and Service in k8s/, as rendered by kustomize: CPU instances in dev,
+GPU with TensorRT in prod, and the init container's command writes the config each expects."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from podium.serving.contract import render_policy_config
+from podium.serving.export import default_swarm_signature
 from podium.serving.pbtxt import read_model_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +53,8 @@ def test_triton_deployment_serves_the_repository_over_grpc(overlay: str) -> None
     probe = triton["readinessProbe"]["httpGet"]
     container_ports = {p["name"]: p["containerPort"] for p in triton["ports"]}
     assert probe["path"] == "/v2/health/ready" and container_ports[probe["port"]] == 8000
-    assert triton["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    gpu = overlay == "prod"
+    assert triton["resources"]["limits"].get("nvidia.com/gpu") == ("1" if gpu else None)
     assert triton["securityContext"]["allowPrivilegeEscalation"] is False
     mounts = {m["mountPath"]: m for m in triton["volumeMounts"]}
     assert mounts["/models"]["readOnly"] is True
@@ -61,18 +65,25 @@ def test_triton_deployment_serves_the_repository_over_grpc(overlay: str) -> None
     (init,) = pod["initContainers"]
     assert init["image"].startswith("ghcr.io/podium-rl/podium:")
     assert init["command"][:4] == ["python", "-m", "podium.serving.export", "ensure-config"]
+    assert ("--cpu" in init["command"]) is not gpu
 
 
-def test_init_container_command_writes_a_valid_config(tmp_path: Path) -> None:
-    """The command the init container runs, run here: it writes the committed config."""
-    docs = _render("dev")
+@pytest.mark.parametrize("overlay", ["dev", "prod"])
+def test_init_container_command_writes_a_valid_config(overlay: str, tmp_path: Path) -> None:
+    """The command the init container runs, run here: prod's writes the committed (GPU)
+    config, dev's the CPU one (no GPU on a laptop cluster)."""
+    docs = _render(overlay)
     (init,) = docs[("Deployment", "triton")]["spec"]["template"]["spec"]["initContainers"]
     command = [sys.executable if c == "python" else c for c in init["command"]]
     command[command.index("--repository") + 1] = str(tmp_path)
     done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     written = (tmp_path / "swarm_policy" / "config.pbtxt").read_text()
-    assert written == (ROOT / "triton_models" / "swarm_policy" / "config.pbtxt").read_text()
+    gpu = overlay == "prod"
+    expected = render_policy_config("swarm_policy", default_swarm_signature(), gpu=gpu)
+    assert written == expected
+    if gpu:
+        assert written == (ROOT / "triton_models" / "swarm_policy" / "config.pbtxt").read_text()
     assert read_model_config(tmp_path / "swarm_policy").platform == "onnxruntime_onnx"
     # A second run checks and keeps the file.
     again = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)

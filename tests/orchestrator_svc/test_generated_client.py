@@ -115,10 +115,18 @@ with grpc.insecure_channel(target) as channel:
     try:
         stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=bad), timeout=5)
     except grpc.RpcError as exc:
+        # The rich status (google.rpc.BadRequest), decoded with gRPC's own status library.
+        from google.rpc import error_details_pb2
+        from grpc_status import rpc_status
+
+        bad = error_details_pb2.BadRequest()
+        rpc_status.from_call(exc).details[0].Unpack(bad)
         out["invalid"] = {
             "code": exc.code().name,
             "details": exc.details(),
-            "trailing": dict(exc.trailing_metadata() or ()),
+            # Text entries only: "grpc-status-details-bin" is the status itself, as bytes.
+            "trailing": {k: v for k, v in exc.trailing_metadata() or () if isinstance(v, str)},
+            "violations": [[v.field, v.description] for v in bad.field_violations],
         }
     else:
         out["invalid"] = {"code": "OK"}
@@ -222,3 +230,5 @@ async def test_generated_client_submits_and_streams_to_the_end(
     assert "(field a)" in invalid["details"]
     assert "depends on unknown subtask 'ghost'" in invalid["details"]
     assert invalid["trailing"].get(FIELD_METADATA_KEY) == "a"
+    ((field, problem),) = invalid["violations"]
+    assert field == "a" and "depends on unknown subtask 'ghost'" in problem

@@ -50,9 +50,14 @@ async def _check_one_trace(
     trace_id = root.get_span_context().trace_id
     spans = exporter.get_finished_spans()
 
-    server = [s for s in spans if s.name == "podium.v1.SessionService/SubmitTask"]
+    # The standard instrumentation's SERVER span: named by the full method, with the
+    # semantic-convention attributes (service and method apart).
+    server = [s for s in spans if s.name == "/podium.v1.SessionService/SubmitTask"]
     assert len(server) == 1
     assert server[0].kind == SpanKind.SERVER
+    assert server[0].attributes["rpc.system"] == "grpc"
+    assert server[0].attributes["rpc.service"] == "podium.v1.SessionService"
+    assert server[0].attributes["rpc.method"] == "SubmitTask"
     assert server[0].context.trace_id == trace_id
     assert server[0].parent is not None
     assert server[0].parent.span_id == root.get_span_context().span_id  # via gRPC metadata

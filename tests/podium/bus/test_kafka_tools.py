@@ -92,6 +92,44 @@ async def test_partitions_and_read_range_skip_aborted_transactions(
     assert await _values(kafka, topic, partition, last, last) == []
 
 
+async def test_read_range_starts_at_the_log_start_when_retention_deleted_the_head(
+    kafka: KafkaBus, unique: Names, kafka_bootstrap: str
+) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.records_to_delete import RecordsToDelete
+    from aiokafka.structs import TopicPartition
+    from kafka_helpers import client_kwargs
+
+    topic = unique("trimmed")
+    await kafka.create_topics([TopicSpec(topic, 1)])
+    for i in range(10):
+        await kafka.publish(topic, str(i).encode(), key="k")
+    admin = AIOKafkaAdminClient(**client_kwargs(kafka_bootstrap))
+    await admin.start()
+    try:  # what retention does to old segments: the log now starts at offset 6
+        await admin.delete_records({TopicPartition(topic, 0): RecordsToDelete(6)})
+    finally:
+        await admin.close()
+    assert await _values(kafka, topic, 0, 0, None) == ["6", "7", "8", "9"]
+    assert await _values(kafka, topic, 0, 2, 8) == ["6", "7"]
+
+
+async def test_the_bus_replication_factor_is_a_floor_for_topics_it_creates(
+    kafka_bootstrap: str, kafka_config: Callable[..., object], unique: Names
+) -> None:
+    """A spec asking for 1 replica on a bus configured for 2 asks the broker for 2: the
+    single test broker refuses that, which shows the floor reached the CreateTopics request."""
+    from podium.errors import BusError
+
+    bus = KafkaBus(kafka_config(kafka_bootstrap, replication_factor=2))  # type: ignore[arg-type]
+    await bus.start()
+    try:
+        with pytest.raises(BusError, match="InvalidReplicationFactor"):
+            await bus.create_topics([TopicSpec(unique("floor"), 1, replication_factor=1)])
+    finally:
+        await bus.stop()
+
+
 async def _values(
     kafka: KafkaBus, topic: str, partition: int, start: int, stop: int | None
 ) -> list[str]:

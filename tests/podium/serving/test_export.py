@@ -17,6 +17,7 @@ from podium.serving.contract import (
     PolicyInputs,
     PolicySignature,
     random_inputs,
+    render_policy_config,
     stack_padded,
     unstack_padded,
 )
@@ -113,13 +114,15 @@ def test_committed_config_matches_the_default_network() -> None:
     ensure_model_config(repo, "swarm_policy", SIGNATURE)  # raises on a mismatch
     config = read_model_config(repo / "swarm_policy")
     assert config.platform == "onnxruntime_onnx" and config.max_batch_size >= 64
-    raw = config.raw
-    assert "dynamic_batching" in raw
-    assert raw["instance_group"][0]["kind"] == "KIND_GPU"
-    accel = raw["optimization"]["execution_accelerators"]["gpu_execution_accelerator"][0]
-    assert accel["name"] == "tensorrt"
-    params = {p["key"]: p["value"] for p in accel["parameters"]}
-    assert params["precision_mode"] == "FP16"
+    message = config.message
+    assert message.HasField("dynamic_batching")
+    assert message.instance_group[0].kind == message.instance_group[0].KIND_GPU
+    (accel,) = message.optimization.execution_accelerators.gpu_execution_accelerator
+    assert accel.name == "tensorrt"
+    assert accel.parameters["precision_mode"] == "FP16"
+    # Byte for byte what the renderer writes: the committed file is generated, never hand-edited.
+    rendered = render_policy_config("swarm_policy", SIGNATURE)
+    assert (repo / "swarm_policy" / "config.pbtxt").read_text() == rendered
 
 
 def test_local_policy_runs_the_module_and_validates(exported: tuple[Path, object]) -> None:

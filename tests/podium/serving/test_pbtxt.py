@@ -1,15 +1,26 @@
-"""The config.pbtxt reader: the text format Triton documents, and errors that name the file."""
+"""config.pbtxt as Triton's own ModelConfig message: strict parsing (unknown fields are errors
+naming the file and the field), round trips, and the repository's committed configs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from google.protobuf import text_format
 from serving_helpers import SIGNATURE
+from tritonclient.grpc import model_config_pb2
 
 from podium.errors import ConfigError
 from podium.serving.contract import render_policy_config
-from podium.serving.pbtxt import model_config_from_text, parse_text, read_model_config, version_dirs
+from podium.serving.pbtxt import (
+    model_config_from_text,
+    parse_model_config,
+    read_model_config,
+    render_model_config,
+    version_dirs,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
 
 TRITON_DOC_EXAMPLE = """
 # from Triton's model configuration guide, reformatted
@@ -51,10 +62,12 @@ def test_parses_triton_documentation_example() -> None:
     assert config.outputs[0].dims == (1,) and config.outputs[0].reshape == ()
     assert config.specific_versions == (1, 3)
     assert config.versions_to_serve([1, 2, 3, 4]) == [3, 1]
-    # Repeated message fields collect into a list.
-    params = config.raw["parameters"]
-    assert [p["key"] for p in params] == ["intra_op_thread_count", "execution_mode"]
-    assert config.raw["instance_group"][0] == {"count": 2, "kind": "KIND_CPU"}
+    # The full message is Triton's own: map fields, enums, nested messages.
+    message = config.message
+    assert isinstance(message, model_config_pb2.ModelConfig)
+    assert message.parameters["intra_op_thread_count"].string_value == "1"
+    assert message.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    assert message.instance_group[0].count == 2
 
 
 def test_version_policies() -> None:
@@ -65,10 +78,13 @@ def test_version_policies() -> None:
     every = model_config_from_text(base + "version_policy: { all { } }")
     assert every.versions_to_serve([1, 5, 3]) == [5, 3, 1]
     assert model_config_from_text(base).versions_to_serve([]) == []
+    backend = model_config_from_text('name: "m" backend: "onnxruntime"')
+    assert backend.platform == "onnxruntime"
 
 
-def test_rendered_policy_config_round_trips() -> None:
-    text = render_policy_config("swarm_policy", SIGNATURE, max_batch_size=64, gpu=False)
+@pytest.mark.parametrize("gpu", [True, False])
+def test_rendered_policy_config_round_trips(gpu: bool) -> None:
+    text = render_policy_config("swarm_policy", SIGNATURE, max_batch_size=64, gpu=gpu)
     config = model_config_from_text(text)
     assert config.name == "swarm_policy" and config.max_batch_size == 64
     shapes = {t.name: (t.data_type, t.dims) for t in config.inputs}
@@ -79,19 +95,51 @@ def test_rendered_policy_config_round_trips() -> None:
         "pair_features": ("FP32", (-1, -1, SIGNATURE.pair_features)),
         "action_mask": ("BOOL", (-1,)),
     }
-    assert config.raw["instance_group"][0]["kind"] == "KIND_CPU"
-    assert "optimization" not in config.raw
+    value = {t.name: t for t in config.outputs}["value"]
+    assert value.dims == (1,) and value.reshape == ()
+    kind = config.message.instance_group[0].kind
+    assert model_config_pb2.ModelInstanceGroup.Kind.Name(kind) == (
+        "KIND_GPU" if gpu else "KIND_CPU"
+    )
+    assert config.message.HasField("optimization") is gpu
+    # parse(render(m)) == m, and render(parse(text)) == text: nothing lost either way.
+    assert render_model_config(config.message) == text_format.MessageToString(config.message)
+    assert parse_model_config(render_model_config(config.message)) == config.message
+    assert text.endswith(render_model_config(config.message))
+
+
+def test_hand_written_syntax_parses_to_the_same_message() -> None:
+    """Triton's compact list syntax and the renderer's one-field-per-line form are one message."""
+    compact = parse_model_config(TRITON_DOC_EXAMPLE)
+    rendered = render_model_config(compact, ["a comment"])
+    assert rendered.startswith("# a comment\n")
+    assert parse_model_config(rendered) == compact
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('name: "m"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] }', "missing ']'"),
-        ('name: "m"\nplatform: "onnxruntime_onnx" @', r"m\.pbtxt:2: unexpected character '@'"),
+        # Misspelled or invented fields: Triton would refuse them, so do we, naming the field.
+        (
+            'name: "m"\nmax_batch: 8',
+            r"m\.pbtxt:2:1: unknown field 'max_batch' in inference\.ModelConfig",
+        ),
+        (
+            'name: "m"\ninput [ { name: "x" data_type: TYPE_FP32 dim: [ 1 ] } ]',
+            r"m\.pbtxt:2:.*unknown field 'dim' in inference\.ModelInput",
+        ),
+        (
+            'name: "m" dynamic_batching { max_queue_delay_us: 5 }',
+            r"unknown field 'max_queue_delay_us' in inference\.ModelDynamicBatching",
+        ),
+        ('name: "m" input [ { name: "x" data_type: TYPE_FOO } ]', "has no value named TYPE_FOO"),
+        ('name: "m"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] }', r"m\.pbtxt:2:"),
+        ('name: "m"\nplatform: "onnxruntime_onnx" @', r"m\.pbtxt:2:"),
+        ('name: "m" name: "n"', 'should not have multiple "name" fields'),
         ('platform: "onnxruntime_onnx"', "'name' is required"),
         (
-            'name: "m" input [ { name: "x" data_type: TYPE_FOO } ]',
-            "unsupported data_type 'TYPE_FOO'",
+            'name: "m" input [ { name: "x" data_type: TYPE_UINT64 } ]',
+            "unsupported data_type TYPE_UINT64",
         ),
         ('name: "m" input { data_type: TYPE_FP32 }', "needs a name"),
     ],
@@ -99,7 +147,12 @@ def test_rendered_policy_config_round_trips() -> None:
 def test_bad_configs_name_the_file_and_problem(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
         model_config_from_text(text, "/repo/m.pbtxt")
-    assert "/repo/m.pbtxt" in str(info.value)
+    assert str(info.value).startswith("/repo/m.pbtxt")
+
+
+def test_render_refuses_anything_but_triton_model_config() -> None:
+    with pytest.raises(TypeError, match=r"expected inference\.ModelConfig"):
+        render_model_config(model_config_pb2.ModelInput(name="x"))
 
 
 def test_directory_name_must_match(tmp_path: Path) -> None:
@@ -115,14 +168,41 @@ def test_directory_name_must_match(tmp_path: Path) -> None:
     assert version_dirs(model_dir) == [1, 2, 10]
 
 
-def test_parse_text_scalars() -> None:
-    raw = parse_text('a: 1 b: -2.5 c: true d: "x\\"y" e: KIND_GPU f: [ ] g < h: 1 >')
-    assert raw == {
-        "a": 1,
-        "b": -2.5,
-        "c": True,
-        "d": 'x"y',
-        "e": "KIND_GPU",
-        "f": [],
-        "g": {"h": 1},
-    }
+def test_unknown_field_in_a_repository_file_names_the_path(tmp_path: Path) -> None:
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "config.pbtxt").write_text('name: "m"\nplatform: "onnxruntime_onnx"\nbatch: 4\n')
+    with pytest.raises(ConfigError) as info:
+        read_model_config(model_dir)
+    assert f"{model_dir / 'config.pbtxt'}:3:1: unknown field 'batch'" in str(info.value)
+
+
+COMMITTED = sorted((ROOT / "triton_models").glob("**/config.pbtxt"))
+
+
+def test_the_repository_has_committed_configs() -> None:
+    assert COMMITTED, "triton_models/ should hold at least one config.pbtxt"
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_committed_configs_use_triton_field_names(path: Path) -> None:
+    """Every committed config is a valid ModelConfig (Triton's field names only) and survives
+    a round trip through the text format unchanged."""
+    config = read_model_config(path.parent)
+    message = config.message
+    assert parse_model_config(render_model_config(message), str(path)) == message
+    # Spot-check fields by Triton's own names, through the message's descriptor.
+    names = {f.name for f, _ in message.ListFields()}
+    assert {"name", "platform", "max_batch_size", "input", "output"} <= names
+    for tensor in (*message.input, *message.output):
+        assert {f.name for f, _ in tensor.ListFields()} <= {
+            "name",
+            "data_type",
+            "dims",
+            "reshape",
+            "format",
+            "is_shape_tensor",
+            "optional",
+            "allow_ragged_batch",
+            "label_filename",
+        }

@@ -146,23 +146,38 @@ def test_train_command_sets_a_previous_run_aside(
     assert (second / "x").read_text() == "2"
 
 
-def test_a_ppo_setting_the_learner_cannot_take_is_refused(tmp_path: Path) -> None:
-    """TrainConfig.ppo reaches the learner through its settings; one that cannot (the clip
-    range here) is an error naming it, not a silently different run."""
+def test_every_ppo_setting_reaches_the_learner(tmp_path: Path) -> None:
+    """TrainConfig.ppo reaches the learner through its settings, every field (each changed
+    here to a value of its own), in-process and as the learner process's environment; the
+    cloning settings are the driver's (behaviour cloning runs there). One that could not
+    reach it would be an error naming it, not a silently different run."""
+    import dataclasses
     from dataclasses import replace
 
-    import pytest
-
-    from podium.errors import ConfigError
-    from podium_app.train.services import RunTopics, learner_settings
+    from learner_svc.algorithms.swarm import SwarmSettings
+    from podium.config import from_env
+    from podium_app.train.services import RunTopics, learner_settings, settings_env
 
     config = small_config(tmp_path / "run")
     loop, settings = learner_settings(config, tmp_path / "init.safetensors", 16, RunTopics())
     assert settings.ppo().learning_rate == config.ppo.learning_rate
     assert loop.batch_trajectories == config.episodes_per_iteration
-    odd = replace(config, ppo=replace(config.ppo, clip_coef=0.1))
-    with pytest.raises(ConfigError, match="clip_coef cannot reach the learner"):
-        learner_settings(odd, tmp_path / "init.safetensors", 16, RunTopics())
+    odd_values = {
+        f.name: (getattr(config.ppo, f.name) * 0.5 if f.type == "float" else 3)
+        for f in dataclasses.fields(config.ppo)
+    }
+    odd = replace(config, ppo=replace(config.ppo, **odd_values), torch_threads=2)
+    _, settings = learner_settings(odd, tmp_path / "init.safetensors", 16, RunTopics())
+    got = settings.ppo()
+    driver_only = {"bc_learning_rate", "bc_epochs"}
+    for name, value in odd_values.items():
+        if name not in driver_only:
+            assert getattr(got, name) == value != getattr(config.ppo, name), name
+    assert settings.torch_threads == 2 and settings.device == "cpu"
+    # The learner process reads the same values back from its environment.
+    env = settings_env(settings)
+    assert env["PODIUM_LEARNER_CLIP_COEF"] == repr(odd.ppo.clip_coef)
+    assert from_env(SwarmSettings, env).ppo() == got
 
 
 async def test_a_users_pool_and_tasks_with_pool_variants_train_through_the_services(

@@ -1,0 +1,264 @@
+"""``podium deploy local``: the whole sequence, for the CLI and the test.
+
+render -> stand-ins (a broker: ``--kafka`` or a fresh local one; the V2 server: ``--v2-*`` or
+``$PODIUM_V2_*``) -> topics declared as ``KafkaTopic`` created as the Topic Operator would
+(partitions and config as rendered, one replica: one broker) -> plan -> static check ->
+processes -> readiness -> (``cycle``) one learning cycle -> stop (unless held).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+from podium.bus import KafkaBus, KafkaConfig
+from podium.bus.base import TopicSpec
+from podium.errors import ConfigError
+from podium.policy.signing import TrustedKeys
+from podium_app.deploy import cycle
+from podium_app.deploy.local import DeploymentError, LocalDeployment, check
+from podium_app.deploy.manifest import Objects, name_of
+from podium_app.deploy.plan import Plan, make_plan
+from podium_app.deploy.render import render
+from podium_app.deploy.standins import BrokerAccess, V2Access
+from podium_app.kafka_broker import KafkaBroker
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    """What ``podium deploy local`` is asked to do."""
+
+    overlay: str
+    work_dir: Path
+    v2: V2Access
+    patches: tuple[Path, ...] = ()
+    kafka_url: str = ""
+    """Admin URL of an existing secured broker (its directory is found from the URL's
+    ``ssl_cafile``, ``<dir>/tls/ca.pem``, as ``scripts/kafka.sh`` lays it out); empty: a fresh
+    broker in ``<work>/kafka``."""
+    ready_timeout_s: float = 120.0
+    cycle: bool = False
+    sessions: int = 8
+    cycle_timeout_s: float = 180.0
+    hold_s: float = 0.0
+    """Keep the deployment running this long after everything passed (``--hold``)."""
+
+
+@dataclass
+class Outcome:
+    """What a run saw, for the CLI's report and the test's assertions."""
+
+    plan: Plan | None = None
+    ready_s: dict[str, float] = field(default_factory=dict)
+    cycle: cycle.CycleResult | None = None
+    exit_codes: dict[str, int] = field(default_factory=dict)
+
+
+def broker_from_url(url: str) -> BrokerAccess:
+    """The broker of an admin ``kafka://`` URL with its directory's credentials."""
+    parts = urlsplit(url)
+    cafile = dict(parse_qsl(parts.query)).get("ssl_cafile", "")
+    broker_dir = Path(cafile).parent.parent if cafile else None
+    if broker_dir is None or not (broker_dir / "credentials.json").exists():
+        raise ConfigError(
+            f"--kafka {url!r}: the broker's credentials are not found (expected a broker "
+            "started by scripts/kafka.sh / podium kafka start, ssl_cafile=<dir>/tls/ca.pem)"
+        )
+    broker = KafkaBroker(broker_dir)
+    return BrokerAccess(parts.netloc, broker.ca_file, broker.passwords())
+
+
+@contextlib.asynccontextmanager
+async def broker_for(
+    settings: LocalSettings, say: Say
+) -> AsyncIterator[tuple[BrokerAccess, KafkaConfig]]:
+    """The broker (given, or fresh and stopped on exit) and the admin's connection to it."""
+    if settings.kafka_url:
+        access = broker_from_url(settings.kafka_url)
+        admin = KafkaConfig.from_url(
+            settings.kafka_url, sasl_password=access.passwords.get("admin")
+        )
+        yield access, admin
+        return
+    run_dir = settings.work_dir / "kafka"
+    if (run_dir / "state.json").exists():
+        await asyncio.to_thread(KafkaBroker(run_dir).stop)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    broker = KafkaBroker(run_dir)
+    say(f"starting a local secured Kafka broker in {run_dir}")
+    try:
+        await asyncio.to_thread(broker.start, 180.0)
+        access = BrokerAccess(broker.bootstrap, broker.ca_file, broker.passwords())
+        admin = KafkaConfig.from_url(broker.client_url(), sasl_password=access.passwords["admin"])
+        yield access, admin
+    finally:
+        await asyncio.to_thread(broker.stop)
+
+
+async def create_topics(objects: Objects, admin: KafkaConfig) -> list[str]:
+    """The ``KafkaTopic`` resources created on the broker (one replica, as rendered else)."""
+    specs = []
+    for topic in objects.kind("KafkaTopic"):
+        spec = topic.get("spec", {})
+        config = {str(k): str(v) for k, v in (spec.get("config") or {}).items()}
+        config["min.insync.replicas"] = "1"  # one broker
+        specs.append(
+            TopicSpec(
+                str(spec.get("topicName") or name_of(topic)),
+                int(spec.get("partitions", 1)),
+                1,
+                tuple(config.items()),
+            )
+        )
+    if specs:
+        bus = KafkaBus(admin)
+        await bus.start()
+        try:
+            await bus.create_topics(specs)
+        finally:
+            await bus.stop()
+    return [s.name for s in specs]
+
+
+async def deploy_local(settings: LocalSettings, say: Say) -> Outcome:
+    """Run the sequence of the module docstring; raises :class:`DeploymentError` naming what
+    failed. The processes are stopped whatever happens."""
+    outcome = Outcome()
+    objects = Objects.of(render(settings.overlay, settings.patches))
+    async with broker_for(settings, say) as (broker, admin):
+        plan = make_plan(objects, settings.work_dir, broker, settings.v2)
+        outcome.plan = plan
+        problems = check(plan)
+        if problems:
+            raise DeploymentError("check", problems)
+        say(
+            f"checked: {len(plan.containers)} containers, every env var read, transactional ids fence"
+        )
+        created = await create_topics(plan.objects, admin)
+        say(f"topics created from KafkaTopic resources: {len(created)}")
+        deployment = LocalDeployment(plan)
+        try:
+            await deployment.start()
+            outcome.ready_s = await deployment.wait_ready(settings.ready_timeout_s)
+            for where, seconds in sorted(outcome.ready_s.items(), key=lambda kv: kv[1]):
+                say(f"ready: {where} after {seconds:.1f}s")
+            for line in service_lines(plan):
+                say(line)
+            if settings.cycle:
+                outcome.cycle = await run_cycle(plan, deployment, admin, settings, say)
+            if settings.hold_s:
+                say(f"holding for {settings.hold_s:.0f}s (logs in {deployment.log_dir})")
+                await asyncio.sleep(settings.hold_s)
+        finally:
+            outcome.exit_codes = await deployment.stop()
+    return outcome
+
+
+async def run_cycle(
+    plan: Plan, deployment: LocalDeployment, admin: KafkaConfig, settings: LocalSettings, say: Say
+) -> cycle.CycleResult:
+    """Cold start, sessions, a new version published and served (:mod:`.cycle`)."""
+    seconds: dict[str, float] = {}
+    t0 = time.monotonic()
+    version = await cycle.bootstrap(plan, admin)
+    seconds["bootstrap"] = time.monotonic() - t0
+    say(f"cold start: initial version {version} published and announced")
+    rollout = plan.address("rollout", _grpc_port(plan, "rollout"))
+    await cycle.make_live(plan, rollout, version, settings.cycle_timeout_s)
+    seconds["make_live"] = time.monotonic() - t0
+    say(f"operator: version {version} made live through RolloutService")
+    orchestrator = plan.address("orchestrator", _grpc_port(plan, "orchestrator"))
+    results = await cycle.run_sessions(
+        plan, orchestrator, settings.sessions, settings.cycle_timeout_s
+    )
+    seconds["sessions"] = time.monotonic() - t0
+    say(f"{len(results)} sessions submitted as trainer and finished")
+    assert plan.operator.policy_keys is not None
+    trusted = TrustedKeys.load(str(plan.operator.policy_keys.public_path))
+    published = await cycle.wait_published(admin, version, trusted, settings.cycle_timeout_s)
+    seconds["published"] = time.monotonic() - t0
+    say(f"learner: version {published} announced (PolicyUpdated, signed by the deployment key)")
+    await cycle.wait_served(settings.v2.grpc, published, settings.cycle_timeout_s)
+    seconds["served"] = time.monotonic() - t0
+    say(f"V2 server: {published} ready")
+    if deployment.exited():
+        raise DeploymentError("cycle", [f"{w} exited {c}" for w, c in deployment.exited().items()])
+    return cycle.CycleResult(version, len(results), published, seconds)
+
+
+def service_lines(plan: Plan) -> list[str]:
+    """Where each rendered Service port answers locally, and the clients' credentials."""
+    lines = []
+    for svc in plan.objects.kind("Service"):
+        name = name_of(svc)
+        for port in svc.get("spec", {}).get("ports", []):
+            address = plan.addresses.get((name, int(port["port"])), "")
+            lines.append(f"service {name}:{port['port']} ({port.get('name', '')}) -> {address}")
+    tokens = ", ".join(f"{k}: {v}" for k, v in sorted(plan.operator.tokens.items()))
+    lines.append(f"tokens: {tokens}; gRPC CA: {plan.operator.grpc_ca}")
+    return lines
+
+
+def _grpc_port(plan: Plan, service: str) -> int:
+    """The Service's port named ``grpc`` (else its first)."""
+    for svc in plan.objects.kind("Service"):
+        if name_of(svc) == service:
+            ports = svc.get("spec", {}).get("ports", [])
+            named = [p for p in ports if p.get("name") == "grpc"] or ports
+            if named:
+                return int(named[0]["port"])
+    raise ConfigError(f"the overlay has no Service {service!r}")
+
+
+def check_only(overlay: str, patches: tuple[Path, ...], work_dir: Path) -> list[str]:
+    """The static check alone, with placeholder broker credentials (nothing connects)."""
+    objects = Objects.of(render(overlay, patches))
+    ca = work_dir / "check-only-ca.pem"
+    ca.parent.mkdir(parents=True, exist_ok=True)
+    ca.write_text("check only: no broker\n")
+    users = {name_of(u): "check-only" for u in objects.kind("KafkaUser")}
+    broker = BrokerAccess("127.0.0.1:9093", ca, users)
+    v2 = V2Access("127.0.0.1:8001", "127.0.0.1:8000", work_dir / "models")
+    return check(make_plan(objects, work_dir, broker, v2))
+
+
+def v2_from_env(grpc_address: str, http: str, repository: str) -> V2Access:
+    """Flags, else ``$PODIUM_V2_GRPC``/``_HTTP``/``_REPOSITORY`` (scripts/v2server.sh)."""
+    grpc_address = grpc_address or os.environ.get("PODIUM_V2_GRPC", "")
+    http = http or os.environ.get("PODIUM_V2_HTTP", "")
+    repository = repository or os.environ.get("PODIUM_V2_REPOSITORY", "")
+    if not (grpc_address and repository):
+        raise ConfigError(
+            "no KServe-V2 server: pass --v2-grpc/--v2-http/--v2-repository or "
+            'eval "$(scripts/v2server.sh start DIR)" first'
+        )
+    return V2Access(grpc_address, http, Path(repository))
+
+
+def admin_url_from_env(url: str) -> str:
+    """``--kafka``, else empty (a fresh broker); a bare ``host:port`` is refused: the
+    deployment needs the broker's principals."""
+    if url and not url.startswith("kafka://"):
+        raise ConfigError(f"--kafka {url!r}: give the kafka:// URL scripts/kafka.sh start printed")
+    return url
+
+
+__all__ = [
+    "LocalSettings",
+    "Outcome",
+    "broker_from_url",
+    "check_only",
+    "create_topics",
+    "deploy_local",
+    "run_cycle",
+    "v2_from_env",
+]

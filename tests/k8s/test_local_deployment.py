@@ -1,0 +1,206 @@
+"""The dev overlay as a local deployment: it comes up, runs the loop, and catches broken manifests.
+
+``podium deploy local`` (:mod:`podium_app.deploy`) renders ``k8s/overlays/dev`` and runs every
+Podium container with exactly its rendered command and env as a process, Strimzi's Kafka
+stood in for by a real secured broker with the same principals (a fresh one per deployment:
+the overlay's consumer groups and the standard topics are its own, as in a new cluster) and
+Triton by the real KServe-V2 server of tests/conftest.py.
+
+* The dev overlay passes the static check (every env var read by a config, transactional ids
+  that fence), every readiness probe passes on its rendered port, and one learning cycle runs:
+  the operator's cold start made live through RolloutService, sessions through SessionService
+  over TLS with a token, a learner version announced, signed, and served by the V2 server.
+* Mutations of the overlay, as kustomize patches, each fail with a message naming the
+  container: an env var no config reads; reward replicas whose transactional-id prefix is the
+  pod name (a partition moving between them is not fenced); the retired per-replica
+  transactional id (the service refuses it: exit 2); a readiness probe and a liveness probe
+  on ports nothing serves. Each caught mutation is printed (``-s``) for the closing note.
+
+A system-level test (about a minute and a half): it runs with the system suites
+(scripts/test.sh SYSTEM_SUITES).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from podium_app.deploy.local import DeploymentError
+from podium_app.deploy.run import LocalSettings, check_only, deploy_local
+from podium_app.deploy.standins import V2Access
+
+OVERLAY = "dev"
+
+UNREAD_VAR = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: subagent}
+spec:
+  template:
+    spec:
+      containers:
+        - name: subagent
+          env:
+            - {name: PODIUM_SUBAGENT_TIMESCALE, value: "0.01"}
+"""
+"""A misspelt setting (the config reads PODIUM_SUBAGENT_TIME_SCALE)."""
+
+PER_POD_PREFIX = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: reward}
+spec:
+  replicas: 2
+  template:
+    spec:
+      containers:
+        - name: reward
+          env:
+            - name: PODIUM_REWARD_TRANSACTIONAL_ID_PREFIX
+              valueFrom: {fieldRef: {fieldPath: metadata.name}}
+"""
+"""Two reward replicas, each with its own transactional-id prefix (its pod name)."""
+
+RETIRED_ID = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: reward}
+spec:
+  template:
+    spec:
+      containers:
+        - name: reward
+          env:
+            - {name: PODIUM_REWARD_TRANSACTIONAL_ID, value: reward_svc-0}
+"""
+"""The per-replica transactional id the issue found (every replica ``reward_svc-0``)."""
+
+PROBE_PORT = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: subagent}
+spec:
+  template:
+    spec:
+      containers:
+        - name: subagent
+          readinessProbe:
+            grpc: {port: 8082}
+"""
+"""The sub-agent's readiness probe moved to a port no setting opens."""
+
+LIVENESS_PORT = """
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: learner}
+spec:
+  template:
+    spec:
+      containers:
+        - name: learner
+          livenessProbe:
+            grpc: {port: 9999}
+"""
+"""The learner's liveness probe on a port nothing serves (the kubelet would restart it forever)."""
+
+
+def _patch(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def _settings(work: Path, v2_grpc: str, v2_repository: Path, **kw: object) -> LocalSettings:
+    v2 = V2Access(v2_grpc, os.environ.get("PODIUM_V2_HTTP", ""), v2_repository)
+    return LocalSettings(overlay=OVERLAY, work_dir=work, v2=v2, **kw)  # type: ignore[arg-type]
+
+
+def _caught(what: str, problems: list[str]) -> None:
+    print(f"\nMUTATION CAUGHT ({what}):")
+    for p in problems:
+        print(f"  - {p[:400]}")
+
+
+@pytest.mark.kafka
+@pytest.mark.serving
+@pytest.mark.slow
+async def test_dev_overlay_comes_up_and_learns(
+    kafka_bootstrap: str, v2_grpc: str, v2_repository: Path, tmp_path: Path
+) -> None:
+    del kafka_bootstrap  # a broker is installed here; the deployment starts a fresh one
+    t0 = time.monotonic()
+    lines: list[str] = []
+    settings = _settings(
+        tmp_path / "work", v2_grpc, v2_repository, cycle=True, ready_timeout_s=90.0
+    )
+    outcome = await deploy_local(settings, lines.append)
+    print("\n" + "\n".join(lines))
+    plan = outcome.plan
+    assert plan is not None
+    services = {c.container.workload for c in plan.containers}
+    assert {"orchestrator", "subagent", "reward", "learner", "rollout"} <= services
+    assert set(outcome.ready_s) == {c.where for c in plan.containers}
+    cycle = outcome.cycle
+    assert cycle is not None
+    assert cycle.published > cycle.bootstrap_version
+    assert cycle.sessions == settings.sessions
+    # Every service stopped gracefully on SIGTERM.
+    assert all(code == 0 for code in outcome.exit_codes.values()), outcome.exit_codes
+    print(
+        f"local deployment of {OVERLAY}: {time.monotonic() - t0:.1f}s; cycle {dict(cycle.seconds)}"
+    )
+
+
+def test_unread_env_var_fails_the_check(tmp_path: Path) -> None:
+    problems = check_only(OVERLAY, (_patch(tmp_path, "unread", UNREAD_VAR),), tmp_path / "work")
+    _caught("env var no config reads", problems)
+    assert problems == [
+        "subagent-0/subagent: PODIUM_SUBAGENT_TIMESCALE is set but read by no config (not an "
+        "env() field of podium/ or a service, nor a standard OTEL_* variable)"
+    ]
+
+
+def test_per_pod_transactional_prefix_fails_the_check(tmp_path: Path) -> None:
+    problems = check_only(OVERLAY, (_patch(tmp_path, "prefix", PER_POD_PREFIX),), tmp_path / "work")
+    _caught("per-replica transactional ids", problems)
+    assert len(problems) == 1
+    assert problems[0].startswith("reward/reward: replicas use different consumer groups or")
+    assert "reward-0: group 'reward_svc' ids reward-0.*" in problems[0]
+    assert "reward-1: group 'reward_svc' ids reward-1.*" in problems[0]
+
+
+def test_dev_overlay_passes_the_check(tmp_path: Path) -> None:
+    assert check_only(OVERLAY, (), tmp_path / "work") == []
+
+
+@pytest.mark.kafka
+@pytest.mark.serving
+@pytest.mark.slow
+async def test_broken_probe_ports_and_retired_transactional_id_fail_readiness(
+    kafka_bootstrap: str, v2_grpc: str, v2_repository: Path, tmp_path: Path
+) -> None:
+    del kafka_bootstrap
+    patches = (
+        _patch(tmp_path, "probe", PROBE_PORT),
+        _patch(tmp_path, "liveness", LIVENESS_PORT),
+        _patch(tmp_path, "retired", RETIRED_ID),
+    )
+    settings = _settings(
+        tmp_path / "work", v2_grpc, v2_repository, patches=patches, ready_timeout_s=40.0
+    )
+    with pytest.raises(DeploymentError) as caught:
+        await deploy_local(settings, lambda _line: None)
+    err = caught.value
+    _caught("probe ports nothing serves; retired transactional id", err.problems)
+    assert err.stage == "readiness"
+    by_container = {p.split(":", 1)[0]: p for p in err.problems}
+    assert set(by_container) == {"subagent-0/subagent", "learner-0/learner", "reward-0/reward"}
+    probe = by_container["subagent-0/subagent"]
+    assert "never passed its probes: readiness probe grpc on port 8082" in probe
+    liveness = by_container["learner-0/learner"]
+    assert "never passed its probes: liveness probe grpc on port 9999" in liveness
+    retired = by_container["reward-0/reward"]
+    assert "exited with status 2" in retired and "PODIUM_REWARD_TRANSACTIONAL_ID" in retired
