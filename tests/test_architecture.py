@@ -125,3 +125,12 @@ def test_tests_mirror_the_package_tree() -> None:
         if "__pycache__" in rel.parts or rel.parts[0] in SYSTEM_SUITES:
             continue
         assert (ROOT / rel).is_dir(), f"tests/{rel} mirrors no directory of the tree"
+
+
+def test_test_module_basenames_are_unique() -> None:
+    """pytest imports test modules by basename (rootdir-relative, no packages): two files of
+    one name make the whole collection fail with an import-mismatch error."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {n: p for n, p in seen.items() if len(p) > 1} == {}
