@@ -174,9 +174,12 @@ def convert(raw: str, annotation: Any) -> Any:
     raise ConfigError(f"unsupported field type {annotation!r}; give the field a parse=")
 
 
-def _field_doc(cls: type[Any], name: str) -> str:
-    """First line of the attribute docstring of ``name`` in ``cls`` or a base (best effort)."""
-    for klass in cls.__mro__:
+def field_docs(cls: type[Any]) -> dict[str, str]:
+    """Each field's docstring (the string literal right after it in the class body, cleaned
+    as :func:`inspect.cleandoc` does), by name, a subclass's over its bases'; a field without
+    one is absent. Read from the source: Python keeps no attribute docstrings at run time."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
         try:
             tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
         except (OSError, TypeError, SyntaxError):
@@ -187,13 +190,18 @@ def _field_doc(cls: type[Any], name: str) -> str:
             if (
                 isinstance(stmt, ast.AnnAssign)
                 and isinstance(stmt.target, ast.Name)
-                and stmt.target.id == name
                 and isinstance(nxt, ast.Expr)
                 and isinstance(nxt.value, ast.Constant)
                 and isinstance(nxt.value.value, str)
             ):
-                return nxt.value.value.strip().splitlines()[0]
-    return ""
+                docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+def _field_doc(cls: type[Any], name: str) -> str:
+    """First line of the docstring of field ``name`` of ``cls`` (best effort; "" if none)."""
+    doc = field_docs(cls).get(name, "")
+    return doc.splitlines()[0] if doc else ""
 
 
 # --- parsers shared by the services ------------------------------------------------------

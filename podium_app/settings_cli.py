@@ -26,14 +26,10 @@ Why not a third-party package: the settings must stay the dataclasses the code a
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import difflib
-import inspect
-import itertools
 import math
 import re
-import textwrap
 import tomllib
 import types
 import typing
@@ -44,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from podium.config import convert
+from podium.config import convert, field_docs
 from podium.errors import ConfigError
 
 _NONE_WORDS = ("none", "null")
@@ -78,28 +74,6 @@ class Setting:
     def dest(self) -> str:
         """The argparse destination (unique: the dotted key with ``.`` as ``__``)."""
         return "__".join(self.path)
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring (the string literal right after it in the class body), by
-    name; a field without one is absent. Read from the source: Python keeps no attribute
-    docstrings at run time."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):
-        return {}
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-    docs: dict[str, str] = {}
-    for stmt, after in itertools.pairwise(body):
-        if (
-            isinstance(stmt, ast.AnnAssign)
-            and isinstance(stmt.target, ast.Name)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            docs[stmt.target.id] = inspect.cleandoc(after.value.value)
-    return docs
 
 
 def settings_of(
@@ -466,7 +440,6 @@ __all__ = [
     "apply",
     "coerce",
     "dump_yaml",
-    "field_docs",
     "file_values",
     "flag_values",
     "flat_values",

@@ -22,8 +22,10 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from podium.envs.swarm import RuleEngine, SwarmEnv, TaskSpec, make_policy
+from podium.envs.swarm import SwarmEnv, TaskSpec
 from podium.envs.swarm.observation import ObservationLayout
+from podium.envs.swarm.planner import make_scheduler
+from podium.envs.swarm.scheduling import SchedulingPolicy
 from podium.envs.swarm.trajectory import ACTIONS_LABEL, ARGMAX, SAMPLED, episode_trajectory
 from podium.policy.agent import Group, SwarmAgent, act_mixed, guard_mask
 from podium.policy.decisions import Episode, EpisodeRecorder, decision_data
@@ -68,8 +70,8 @@ class _LockStep:
         envs: Sequence[SwarmEnv],
         jobs: Sequence[Job],
         agent: SwarmAgent | None,
-        engine: RuleEngine | None,
-        labeller: RuleEngine | None,
+        engine: SchedulingPolicy | None,
+        labeller: SchedulingPolicy | None,
     ) -> None:
         self.envs = envs
         self.jobs = jobs
@@ -199,7 +201,7 @@ def run_episodes(
     the episodes in job order and, if ``with_trajectories``, their ``Trajectory`` messages
     with the training tensors in each decision.
 
-    ``teacher`` (a rule engine name) labels every state the acting policy visits with what the
+    ``teacher`` (a rule engine or planner name, :func:`~podium.envs.swarm.planner.make_scheduler`) labels every state the acting policy visits with what the
     rule engine would do there (DAgger, Ross et al. 2011): cloning those labels corrects the
     states the learner itself drifts into, which plain cloning of the teacher's own sessions
     never shows it.
@@ -210,8 +212,8 @@ def run_episodes(
         envs,
         jobs,
         agent,
-        make_policy(rule) if rule is not None else None,
-        make_policy(teacher) if teacher is not None else None,
+        make_scheduler(rule) if rule is not None else None,
+        make_scheduler(teacher) if teacher is not None else None,
     )
     episodes: list[Episode | None] = [None] * len(jobs)
     trajs: list[trajectory_pb2.Trajectory | None] = [None] * len(jobs)

@@ -8,8 +8,9 @@ imported only then, so the rule-engine benchmark stays quick to start.
 ``--true-pool FILE`` (or a ``--pool`` file carrying ``true:`` profiles) makes the simulated
 sub-agents behave otherwise than advertised: every policy reads ``--pool``'s advertisement,
 outcomes are drawn from the truth. ``planner`` is the rollout planner on the true model, a
-reference line that reads the truth; ``cpls-online`` reads profiles estimated from each
-policy's own statistics store, warmed by ``--warmup`` cpls episodes per task.
+reference line that reads the truth; ``cpls-online`` (and ``planner-online``, the planner on
+the estimates) read profiles estimated from each policy's own statistics store, warmed by
+``--warmup`` cpls episodes per task.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from podium.envs.swarm.baselines import BASELINES
-from podium.envs.swarm.benchmark import PLANNER, bench_scheduling
+from podium.envs.swarm.benchmark import PLANNER, PLANNER_ONLINE, bench_scheduling
 from podium.envs.swarm.scheduling import SchedulingPolicy
 from podium.envs.swarm.spec import (
     check_true_pool,
@@ -63,7 +64,7 @@ _non_negative_int = _int_at_least(0)
 
 def _policies(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
-    known = {*BASELINES, LEARNED, PLANNER}
+    known = {*BASELINES, LEARNED, PLANNER, PLANNER_ONLINE}
     unknown = [p for p in names if p not in known]
     if not names or unknown:
         raise argparse.ArgumentTypeError(
@@ -124,9 +125,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policies",
         type=_policies,
         default=["sequential", "greedy", "cpls"],
-        help=f"comma-separated policies among {', '.join(sorted({*BASELINES, LEARNED, PLANNER}))}"
+        help=f"comma-separated policies among "
+        f"{', '.join(sorted({*BASELINES, LEARNED, PLANNER, PLANNER_ONLINE}))}"
         f" (sequential always runs as the reference; {LEARNED} needs --checkpoint; {PLANNER} "
-        "is the rollout planner on the true model, a reference line that reads the truth)",
+        f"is the rollout planner on the true model, a reference line that reads the truth; "
+        f"{PLANNER_ONLINE} plans on the statistics store's estimates instead)",
     )
     parser.add_argument(
         "--warmup",

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from learner_svc.algorithms.swarm import SwarmPPOConfig, resolve_device
 from podium.envs.swarm import EnvConfig
+from podium.envs.swarm.baselines import BASELINES
+from podium.envs.swarm.planner import PLANNERS
 from podium.errors import ConfigError
 from podium.policy.network import NetworkConfig
 from podium_app.settings_cli import Setting, dump_yaml, flat_values, settings_of
@@ -37,7 +39,6 @@ POSITIVE = (
     "test_suite_size",
     "bc_demos_per_task",
     "bc_epochs",
-    "iterations",
     "episodes_per_iteration",
     "num_envs",
     "eval_every",
@@ -131,8 +132,16 @@ class TrainConfig:
     bc_epochs: int = 2
     """Behaviour-cloning passes over the demonstrations (with the rule-advice features two
     passes reproduce cpls's decisions on held-out tasks exactly)."""
+    teacher: str = "advice"
+    """Whose decisions behaviour cloning and DAgger imitate: ``"advice"`` (the rule engine
+    the observation's advice columns carry, :func:`teacher_rule`: the clone then starts as
+    that rule engine), or a rule engine's or a planner's name, e.g. ``"planner-online"``
+    (Monte-Carlo policy improvement over cpls-online on the statistics store's estimates,
+    :mod:`podium.envs.swarm.planner`: about a second a session, so its demonstrations cost
+    minutes; the clone learns where departing from its advice pays)."""
     dagger_rounds: int = 0
-    """DAgger rounds after cloning: the policy drives on every training task, cpls labels."""
+    """DAgger rounds after cloning: the policy drives on every training task, the teacher
+    labels the states it reaches."""
     dagger_epochs: int = 2
     """Behaviour-cloning passes over all data after each DAgger round."""
     iterations: int = 60
@@ -215,6 +224,11 @@ class TrainConfig:
             raise ConfigError(f"store_warmup must be >= 0, got {self.store_warmup}")
         if self.stats_feed not in ("sessions", "warmup"):
             raise ConfigError(f"stats_feed must be 'sessions' or 'warmup', got {self.stats_feed!r}")
+        if self.iterations < 0:  # 0 is a behaviour clone alone (the bootstraps make one)
+            raise ConfigError(f"iterations must be >= 0, got {self.iterations}")
+        if self.teacher != ADVICE and self.teacher not in {*BASELINES, *PLANNERS}:
+            known = ", ".join(sorted({ADVICE, *BASELINES, *PLANNERS}))
+            raise ConfigError(f"teacher must be one of {known}, got {self.teacher!r}")
         if self.pool_variants < 0:
             raise ConfigError(f"pool_variants must be >= 0, got {self.pool_variants}")
         if not 0.0 < self.test_fraction < 1.0:
@@ -333,6 +347,14 @@ def hyperparameters(config: TrainConfig) -> dict[str, bool | int | float | str]:
     return out
 
 
+def cloning_teacher(config: TrainConfig) -> str:
+    """The policy behaviour cloning imitates: :attr:`TrainConfig.teacher`, with ``"advice"``
+    resolved by :func:`teacher_rule`."""
+    if config.teacher == ADVICE:
+        return teacher_rule(config.env.advice)
+    return config.teacher
+
+
 def teacher_rule(advice: str) -> str:
     """The rule engine whose decisions the observation's advice columns carry for
     ``EnvConfig.advice`` ``advice``: ``cpls`` on the advertisement, or ``cpls-online`` on the
@@ -349,6 +371,7 @@ __all__ = [
     "Progress",
     "TrainConfig",
     "TrainResult",
+    "cloning_teacher",
     "config_yaml",
     "hyperparameters",
     "teacher_rule",

@@ -80,6 +80,7 @@ from podium_app.train.config import (
     Progress,
     TrainConfig,
     TrainResult,
+    cloning_teacher,
     config_yaml,
     hyperparameters,
     teacher_rule,
@@ -175,7 +176,7 @@ def _cold_start(run: _Run) -> tuple[Path, list[dict[str, float]], trajectory_pb2
         ratio_to_bound(cpls_val),
         completion_rate(cpls_val),
     )
-    history = [] if cfg.init else _clone(run, agent, teacher)
+    history = [] if cfg.init else _clone(run, agent, cloning_teacher(cfg))
     for h in history:
         run.writer.add_scalar("bc/loss", h["bc_loss"], int(h["epoch"]))
         run.writer.add_scalar("bc/accuracy", h["bc_accuracy"], int(h["epoch"]))

@@ -142,7 +142,7 @@ def test_a_bad_config_file_is_refused_naming_the_key(
 
 def test_values_the_config_refuses_are_errors_naming_the_setting(tmp_path: Path) -> None:
     for argv, problem in [
-        (["--iterations", "0"], "iterations must be >= 1, got 0"),
+        (["--iterations", "-1"], "iterations must be >= 0, got -1"),
         (["--network-d-model", "30"], "network.d_model (30) must be divisible by network.heads"),
         (["--torch-threads", "0"], "torch_threads must be >= 1"),
         (["--device", "tpu"], "device must be cpu, cuda, cuda:N or auto, got 'tpu'"),

@@ -15,7 +15,7 @@ import numpy as np
 
 from podium.envs.swarm.baselines import BASELINES, make_policy
 from podium.envs.swarm.env import EnvConfig, SwarmEnv
-from podium.envs.swarm.planner import RolloutPlanner
+from podium.envs.swarm.planner import make_scheduler
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.scheduling import SchedulingPolicy
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, split_truth
@@ -31,7 +31,12 @@ PLANNER = "planner"
 """The rollout planner on the true model (:mod:`podium.envs.swarm.planner`): a reference line
 that reads the truth, so it is built here rather than listed among the rule engines."""
 
-STATS_READERS = frozenset({"cpls-online"})
+PLANNER_ONLINE = "planner-online"
+"""The rollout planner on the statistics store's estimates (``PlannerConfig.model =
+"estimates"``): deployable (it reads what cpls-online reads), the teacher of
+``podium train --teacher planner-online``."""
+
+STATS_READERS = frozenset({"cpls-online", "planner-online"})
 """Rule engines that read the environment's statistics store (``env.stats``). With one of
 them, or a caller's policy (a trained network reads the store through its observation),
 every policy gets its own store, warmed up then fed by its own episodes."""
@@ -160,13 +165,14 @@ def _policies_by_name(
 ) -> dict[str, SchedulingPolicy]:
     """The reference first, then ``policies`` in order (duplicates once): rule engines by
     name, the planner, or the caller's ``extra``; ConfigError for an unknown or reserved name."""
-    for reserved in (REFERENCE, PLANNER):
+    for reserved in (REFERENCE, PLANNER, PLANNER_ONLINE):
         if reserved in extra:
             raise ConfigError(f"policy name {reserved!r} is reserved for the {reserved} policy")
     names = [REFERENCE, *[p for p in dict.fromkeys(policies) if p != REFERENCE]]
-    unknown = [n for n in names if n not in extra and n not in BASELINES and n != PLANNER]
+    planners = (PLANNER, PLANNER_ONLINE)
+    unknown = [n for n in names if n not in extra and n not in BASELINES and n not in planners]
     if unknown:
-        known = ", ".join(sorted({*BASELINES, PLANNER, *extra}))
+        known = ", ".join(sorted({*BASELINES, *planners, *extra}))
         raise ConfigError(f"unknown policy {unknown[0]!r}; known: {known}")
     return {n: _build(n, extra) for n in names}
 
@@ -175,7 +181,7 @@ def _build(name: str, extra: Mapping[str, SchedulingPolicy]) -> SchedulingPolicy
     """The policy called ``name``: the caller's, the planner, or a fresh rule engine."""
     if name in extra:
         return extra[name]
-    return RolloutPlanner() if name == PLANNER else make_policy(name)
+    return make_scheduler(name)
 
 
 def _bench_task(

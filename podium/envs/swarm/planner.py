@@ -1,14 +1,20 @@
-"""The rollout planner: Monte-Carlo policy improvement over cpls on the *true* pool model.
+"""The rollout planner: Monte-Carlo policy improvement over cpls on a model of the pool.
 
-A reference line, not a deployable policy: it reads the sub-agents' true profiles
-(``env.true_pool``, i.e. what a pool spec's ``true:`` says), which no production scheduler
-has. It answers "how much better could a scheduler do that knew exactly how the agents
-behave and looked ahead?", the line against which the rule engines and the learned policy
-are read in ``podium bench scheduling --policies ...,planner``.
+Two models (:attr:`PlannerConfig.model`):
+
+* ``truth`` (``planner``): the sub-agents' true profiles (``env.true_pool``, i.e. what a pool
+  spec's ``true:`` says), which no production scheduler has. A reference line, not a policy
+  to deploy: "how much better could a scheduler do that knew exactly how the agents behave
+  and looked ahead?", read in ``podium bench scheduling --policies ...,planner``.
+* ``estimates`` (``planner-online``): the statistics store's estimate of the advertised pool
+  (what cpls-online plans on), fixed for the episode. It reads nothing a deployment lacks; its
+  rollouts simulate the estimate, never the truth. It is the teacher the learned policy is
+  cloned from (``podium train --teacher planner-online``): one step of policy improvement over
+  cpls-online, which the network then makes cheap enough to serve.
 
 At each decision with a choice (Bertsekas' rollout algorithm, one-step lookahead):
 
-1. candidates: cpls's own choice first (cpls on the true profiles), then the other valid
+1. candidates: cpls's own choice first (cpls on the model's profiles), then the other valid
    START actions ranked by cpls's priority (slot by upward rank, agent by expected time to
    success, split factor 1, 2, 4), the first ``candidates`` in all, and WAIT when valid;
 2. each candidate is applied to a copy of the session (:class:`SwarmSimulator` deep copy,
@@ -31,6 +37,7 @@ import copy
 import math
 import random
 import statistics
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,8 +45,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from podium.envs.swarm.actions import FINISH, START, WAIT
-from podium.envs.swarm.baselines import Command, CplsPolicy
-from podium.envs.swarm.scheduling import PolicyStep, Rng
+from podium.envs.swarm.baselines import Command, CplsPolicy, estimated_pool, make_policy
+from podium.envs.swarm.scheduling import PolicyStep, Rng, SchedulingPolicy
 from podium.envs.swarm.spec import SPLIT_FACTORS
 from podium.errors import ConfigError
 
@@ -64,18 +71,33 @@ class PlannerConfig:
     cpls. 0 follows the least mean."""
     seed: int = 0
     """Seed of the planner's own generator (used when ``act`` is given no ``random.Random``)."""
+    model: str = "truth"
+    """What the rollouts simulate: ``"truth"`` (the sub-agents' true profiles, a reference
+    line no deployment can run) or ``"estimates"`` (the environment's statistics store's
+    estimate of the advertised pool, fixed at the episode's first decision: a planner a
+    deployment could run, and the teacher ``podium train --teacher planner-online`` clones)."""
+
+
+MODELS = ("truth", "estimates")
+"""Values of :attr:`PlannerConfig.model`."""
+
+MAX_ENGINES = 16
+"""cpls engines kept, one per model pool (each caches ranks for its pool), and episodes whose
+estimated pool is remembered."""
 
 
 class RolloutPlanner:
-    """Monte-Carlo policy improvement over cpls on the true model (see the module docstring).
-
-    Reads the truth: a reference line for benchmarks, never a policy to deploy.
-    """
+    """Monte-Carlo policy improvement over cpls on a model of the pool (see the module
+    docstring). With the ``truth`` model it is a reference line, never a policy to deploy."""
 
     name = "planner"
 
     def __init__(self, config: PlannerConfig | None = None) -> None:
         self.config = config or PlannerConfig()
+        if self.config.model not in MODELS:
+            raise ConfigError(
+                f"planner model must be one of {', '.join(MODELS)}, got {self.config.model!r}"
+            )
         if self.config.candidates < 1 or self.config.rollouts < 1:
             raise ConfigError(
                 f"planner needs candidates >= 1 and rollouts >= 1, got {self.config.candidates} "
@@ -85,52 +107,73 @@ class RolloutPlanner:
         # one engine shown two pools would plan the second on the first's numbers.
         self._engines: dict[int, tuple[SubagentPool, CplsPolicy]] = {}
         self._rng = random.Random(self.config.seed)
+        # The estimated pool of each episode in progress, by its state (one planner may drive
+        # several environments in lockstep), so every decision of one episode plans on one
+        # model, as cpls-online's do.
+        self._episodes: OrderedDict[int, tuple[SwarmState, SubagentPool]] = OrderedDict()
 
     @property
     def version(self) -> str:
-        """``"reference:planner"``: decisions of a planner that reads the truth."""
-        return "reference:planner"
+        """``"reference:planner"`` for the planner that reads the truth;
+        ``"rules:planner-online"`` for the one that reads only the statistics store."""
+        return "reference:planner" if self.config.model == "truth" else "rules:planner-online"
 
-    def cpls(self, truth: SubagentPool) -> CplsPolicy:
-        """The cpls engine that plans on ``truth``."""
-        hit = self._engines.get(id(truth))
-        if hit is None or hit[0] is not truth:
-            hit = (truth, CplsPolicy())
-            self._engines[id(truth)] = hit
+    def model(self, env: SwarmEnv) -> SubagentPool:
+        """The pool the rollouts simulate for ``env``'s episode (see :attr:`PlannerConfig.model`)."""
+        if self.config.model == "truth":
+            return env.true_pool or env.pool
+        state = env.state
+        hit = self._episodes.get(id(state))
+        if hit is None or hit[0] is not state:
+            stats = getattr(env, "stats", None)
+            hit = (state, env.pool if stats is None else estimated_pool(stats, env.pool))
+            self._episodes[id(state)] = hit
+            while len(self._episodes) > MAX_ENGINES:
+                self._episodes.popitem(last=False)
+        return hit[1]
+
+    def cpls(self, model: SubagentPool) -> CplsPolicy:
+        """The cpls engine that plans on ``model`` (the last few models' engines are kept)."""
+        hit = self._engines.get(id(model))
+        if hit is None or hit[0] is not model:
+            hit = (model, CplsPolicy())
+            self._engines[id(model)] = hit
+            while len(self._engines) > MAX_ENGINES:  # estimated pools come and go
+                del self._engines[next(iter(self._engines))]
         return hit[1]
 
     def act(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
-        """cpls's choice on the true pool, unless a candidate's rollouts beat it clearly (see
-        the module docstring)."""
+        """cpls's choice on the model, unless a candidate's rollouts beat it clearly (see the
+        module docstring)."""
         assert env.sim is not None
-        truth = env.true_pool or env.pool
-        cpls = self.cpls(truth)
+        model = self.model(env)
+        cpls = self.cpls(model)
         mask = env.action_masks()
         valid = np.flatnonzero(mask)
-        own = cpls.decide(_viewed(env.sim.state, truth)).encode(env.codec)
+        own = cpls.decide(_viewed(env.sim.state, model)).encode(env.codec)
         if len(valid) == 1 or own == env.codec.finish:
             return PolicyStep(own)
-        candidates = _candidates(cpls, env, truth, own, mask, self.config.candidates)
+        candidates = _candidates(cpls, env, model, own, mask, self.config.candidates)
         if len(candidates) == 1:
             return PolicyStep(own)
         r = rng if isinstance(rng, random.Random) else self._rng
         seeds = [r.getrandbits(63) for _ in range(self.config.rollouts)]
         # The rollouts end where the episode would be truncated.
         limit = (env.config.max_steps or 50 * len(env.task.subtasks) + 100) - len(env.decisions)
-        costs = [[_rollout(cpls, env, truth, a, s, limit) for s in seeds] for a in candidates]
+        costs = [[_rollout(cpls, env, model, a, s, limit) for s in seeds] for a in candidates]
         return PolicyStep(candidates[_choose(costs, self.config.z)])
 
 
 def _candidates(
     cpls: CplsPolicy,
     env: SwarmEnv,
-    truth: SubagentPool,
+    model: SubagentPool,
     own: int,
     mask: NDArray[np.bool_],
     k_max: int,
 ) -> list[int]:
     """cpls's choice, then valid STARTs by cpls's priority up to K, then WAIT if valid."""
-    state = _viewed(env.state, truth)
+    state = _viewed(env.state, model)
     out = [own]
     codec = env.codec
     for slot in cpls.priority(state):
@@ -149,13 +192,16 @@ def _candidates(
 
 
 def _rollout(
-    cpls: CplsPolicy, env: SwarmEnv, truth: SubagentPool, action: int, seed: int, limit: int
+    cpls: CplsPolicy, env: SwarmEnv, model: SubagentPool, action: int, seed: int, limit: int
 ) -> float:
     """Cost of ``action`` then cpls to the end, on a copy of ``env``'s session with fresh
     luck (the simulator alone: no rollout reads an observation)."""
     twin = copy.deepcopy(env.sim)
     assert twin is not None
-    twin.state.pool = truth  # the copy's cpls plans on the truth; the original is untouched
+    # The copy's cpls plans on the model and its executions are drawn from it (the estimate
+    # must never draw the model's luck); the original is untouched.
+    twin.state.pool = model
+    twin.outcomes = model
     twin.fresh_luck(seed)
     state = twin.state
     kind, slot, agent, k = env.codec.decode(action)
@@ -192,12 +238,12 @@ def _choose(costs: list[list[float]], z: float) -> int:
     return best
 
 
-def _viewed(state: SwarmState, truth: SubagentPool) -> SwarmState:
-    """``state`` as seen through the true pool (a shallow copy: cpls only reads it)."""
-    if state.pool is truth:
+def _viewed(state: SwarmState, model: SubagentPool) -> SwarmState:
+    """``state`` as seen through ``model`` (a shallow copy: cpls only reads it)."""
+    if state.pool is model:
         return state
     view = copy.copy(state)
-    view.pool = truth
+    view.pool = model
     return view
 
 
@@ -213,3 +259,15 @@ def _cost(state: SwarmState, env: SwarmEnv) -> float:
 
 
 __all__ = ["PlannerConfig", "RolloutPlanner"]
+
+
+PLANNERS = {"planner": "truth", "planner-online": "estimates"}
+"""The planners by name, with the model each plans on."""
+
+
+def make_scheduler(name: str) -> SchedulingPolicy:
+    """A fresh policy by name: a planner (:data:`PLANNERS`) or a rule engine
+    (:func:`~podium.envs.swarm.baselines.make_policy`, whose ConfigError lists the names)."""
+    if name in PLANNERS:
+        return RolloutPlanner(PlannerConfig(model=PLANNERS[name]))
+    return make_policy(name)

@@ -252,3 +252,21 @@ def test_act_mixed_equals_each_pool_alone() -> None:
         np.testing.assert_array_equal(res.actions, alone.actions)
         np.testing.assert_allclose(res.log_probs, alone.log_probs, atol=1e-5)
         np.testing.assert_allclose(res.values, alone.values, atol=1e-5)
+
+
+def test_a_planner_teaches_and_drives_by_name() -> None:
+    """DAgger with a planner teacher: the labels are the online planner's decisions in the
+    states visited (here the planner also drives, so, seeded alike, every label is the action
+    taken), and a network's visited states are labelled too."""
+    from podium.observed import AgentStats
+
+    config = EnvConfig(max_subtasks=10, feed_stats=False)
+    env = SwarmEnv(_tasks(), default_pool(), config, stats=AgentStats())
+    job = Job(_tasks()[0], 3)
+    (driven,), _ = run_episodes([env], [job], rule="planner-online", teacher="planner-online")
+    assert driven.info["completed"] and driven.teacher is not None
+    np.testing.assert_array_equal(driven.teacher, driven.actions)
+    agent = SwarmAgent(env.layout, d_model=32, layers=1)
+    (ep,), _ = run_episodes([env], [job], agent=agent, greedy=True, teacher="planner-online")
+    assert ep.teacher is not None and len(ep.teacher) == len(ep.actions)
+    assert all(0 <= a < env.codec.size for a in ep.teacher)

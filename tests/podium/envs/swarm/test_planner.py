@@ -174,3 +174,61 @@ def test_bad_config_is_refused() -> None:
         RolloutPlanner(PlannerConfig(rollouts=0))
     assert RolloutPlanner().version == "reference:planner"
     assert np.isfinite(PlannerConfig().z)
+
+
+def _first_decisions(
+    task: str, pool: object, model: str, seed: int, stats: object = None
+) -> list[int]:
+    t = TASKS[task]
+    env = SwarmEnv(
+        [t],
+        pool,  # type: ignore[arg-type]
+        EnvConfig(max_subtasks=len(t.subtasks), invalid_action="raise"),
+        stats=stats,  # type: ignore[arg-type]
+    )
+    env.reset(seed=seed, options={"task": task})
+    planner = RolloutPlanner(PlannerConfig(model=model, rollouts=8))
+    out = []
+    for _ in range(3):  # before any execution completes: the sessions' states stay equal
+        out.append(planner.act(env).action)
+        env.step(out[-1])
+    return out
+
+
+@pytest.mark.parametrize("task", ["diamond-10", "layered-15"])
+def test_the_online_planner_simulates_the_estimate_never_the_truth(task: str) -> None:
+    from podium.observed import AgentStats
+
+    for seed in range(2):
+        # An empty store estimates exactly the advertisement: the online planner on a pool
+        # with hidden true profiles must decide as the truth-reading planner does on a pool
+        # that has none, and unlike the truth-reading planner on the real truth.
+        online = _first_decisions(task, MISADVERTISED, "estimates", seed, AgentStats())
+        on_advert = _first_decisions(task, MISADVERTISED.advertised(), "truth", seed)
+        on_truth = _first_decisions(task, MISADVERTISED, "truth", seed)
+        assert online == on_advert
+        assert online != on_truth
+
+
+def test_the_online_planner_keeps_one_estimate_per_episode() -> None:
+    from podium.envs.swarm.planner import make_scheduler
+    from podium.observed import AgentStats
+
+    stats = AgentStats()
+    t = TASKS["diamond-10"]
+    env = SwarmEnv([t], MISADVERTISED, EnvConfig(max_subtasks=len(t.subtasks)), stats=stats)
+    env.reset(seed=0, options={"task": t.name})
+    planner = make_scheduler("planner-online")
+    assert isinstance(planner, RolloutPlanner)
+    assert planner.version == "rules:planner-online"
+    model = planner.model(env)
+    assert model.spec.agents == MISADVERTISED.advertised().agents  # nothing observed yet
+    stats.record("qa-fast", "test", 1.0, 0.5, True)  # evidence arriving mid-episode
+    assert planner.model(env) is model
+    env.reset(seed=1, options={"task": t.name})
+    assert planner.model(env) is not model  # the next episode plans on the new estimate
+    assert planner.model(env).profile(model.agent_names.index("qa-fast"), "test") != model.profile(
+        model.agent_names.index("qa-fast"), "test"
+    )
+    with pytest.raises(ConfigError, match="planner model must be one of truth, estimates"):
+        RolloutPlanner(PlannerConfig(model="oracle"))
