@@ -209,7 +209,7 @@ class LearningLoop(Generic[SampleT]):
         try:
             if rollout is not None:
                 await rollout.start()
-            if self.state.policy_version > self.state.reset_at:
+            if self._announces_at_start():
                 # A crash may have left the current version unannounced; orchestrators that
                 # start later, or missed it, catch up. (Right after a reset the weights are the
                 # live version's, not this number's, and this number was announced before it.)
@@ -473,6 +473,24 @@ class LearningLoop(Generic[SampleT]):
         if self._extra_trust is None:
             return own
         return TrustedKeys({**self._extra_trust.keys, **own.keys})
+
+    def _announces_at_start(self) -> bool:
+        """Whether start-up (re)announces the checkpoint's version: not right after a reset
+        (see :meth:`run`), and not the starting weights (version 0) of a learner that follows
+        a rollout. Such a learner learns from the versions the rollout makes live (it resets
+        to the live one); its version 0 was trained on nothing, cannot be a Triton version
+        (they start at 1, so it is never exported) and, announced, would be a candidate the
+        controller proposes. ``podium train`` (no rollout) serves version 0 to its actor."""
+        st = self.state
+        if st.policy_version <= st.reset_at:
+            return False
+        if st.policy_version == 0 and self.config.rollout_topic:
+            _log.info(
+                "version 0 (the starting weights) not announced: following the rollout, the "
+                "learner learns from the live version"
+            )
+            return False
+        return True
 
     # -- publishing and logging ---------------------------------------------------------------
 

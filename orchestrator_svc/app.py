@@ -234,6 +234,7 @@ class OrchestratorApp:
             trusted=TrustedKeys.load(self.config.policy_trusted_keys),
             default_max_subtasks=self.config.policy_max_subtasks,
             sample_prefixes=self.config.policy_sample_from,
+            explore_share=self.config.explore_share,
             backend=self._served_backend(self.config),
         )
         return self.learned.cold_start
@@ -609,7 +610,9 @@ class OrchestratorApp:
             self.learned.available,
             self.policy.version,
         )
-        return self.learned.for_session(submitted, chosen.version), chosen
+        # Only the live arm explores: canary against baseline stays greedy against greedy.
+        explore = chosen.role == LIVE
+        return self.learned.for_session(submitted, chosen.version, explore=explore), chosen
 
     def _on_rollout(self, state: rollout_pb2.RolloutState) -> None:
         """A rollout state applied: keep the versions it may route to loaded."""

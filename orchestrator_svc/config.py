@@ -50,6 +50,14 @@ def rollout_mode(raw: str) -> str:
     return value
 
 
+def share(raw: str) -> float:
+    """A fraction of sessions in ``[0, 1]`` (``PODIUM_EXPLORE_SHARE``)."""
+    value = float(raw)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"expected a share between 0 and 1, got {raw!r}")
+    return value
+
+
 REVIEW_AUTO, REVIEW_ON, REVIEW_OFF = "auto", "on", "off"
 """``PODIUM_REVIEW`` values."""
 
@@ -113,6 +121,13 @@ class OrchestratorConfig(ServiceConfig, GrpcSecurityConfig):
     policy_sample_from: tuple[str, ...] = env("PODIUM_POLICY_SAMPLE_FROM", default=("trainer",))
     """Learned policy: sessions whose ``submitted_by`` starts with one of these (comma-separated)
     sample their actions (training); all others take the argmax (live traffic, evaluation)."""
+    explore_share: float = env("PODIUM_EXPLORE_SHARE", default=0.0, parse=share)
+    """Learned policy: the share of live-arm sessions decided by a learned version that sample
+    their actions whoever submitted them (0 to 1), chosen from a hash of the session id (a
+    replay or a twin of the session agrees) independent of the rollout's buckets; recorded as
+    sampled (``actions=sampled``), so the learner learns from live traffic without a
+    ``trainer`` client. Canary and baseline sessions never explore (their guardrail
+    comparison stays greedy against greedy)."""
     policy_max_subtasks: int = env("PODIUM_POLICY_MAX_SUBTASKS", default=64, parse=positive_int)
     """Learned policy: environment slot count S for versions whose metadata does not say which
     S they were trained with (the running-table features are scaled by it)."""

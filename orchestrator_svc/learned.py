@@ -25,8 +25,10 @@ were added or renamed, loads and serves (its training pool is logged, never chec
 
 Training sessions (``TaskSubmitted.submitted_by`` starting with one of the configured
 prefixes, ``trainer`` by default) *sample* from the policy, so PPO sees the exploration its
-log-probabilities describe; every other session (live gRPC traffic, evaluation) takes the
-argmax. Each learned session records, per decision, exactly what the embedded trainer records
+log-probabilities describe; so does the exploration share of live-arm sessions
+(``PODIUM_EXPLORE_SHARE``, :func:`explores`: a hash of the session id, so the learner learns
+from live traffic with no trainer client); every other session (live gRPC traffic,
+evaluation, canary and baseline arms) takes the argmax. Each learned session records, per decision, exactly what the embedded trainer records
 (:func:`podium.policy.rollout.run_episodes`), with the same
 :class:`~podium.policy.decisions.EpisodeRecorder`: the observation trimmed to the task's
 subtasks, the trimmed action mask, the action in the trimmed layout, log π(a|s) and V(s). The
@@ -53,6 +55,7 @@ logged with its reason, the previous version keeps serving, and the event is con
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import time
@@ -95,6 +98,25 @@ proposed soon after it loaded is still there; memory stays bounded)."""
 MAX_SUBTASKS_KEY = "max_subtasks"
 """Policy metadata key: the environment's slot count S the policy was trained with (the
 running-table features are scaled by it, so sessions must use the same S)."""
+
+
+EXPLORE_BUCKETS = 10_000
+"""Resolution of the exploration share: one bucket is 0.01% of sessions."""
+
+
+def explore_bucket(session_id: str) -> int:
+    """The session's exploration bucket in ``[0, EXPLORE_BUCKETS)``: sha256 of a salted
+    session id, so it is independent of the rollout's routing bucket (the baseline arm is
+    the lowest routing buckets: an unsalted hash would make exploring sessions baseline ones,
+    decided by the rule engine, and nothing would explore)."""
+    digest = hashlib.sha256(b"explore\0" + session_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % EXPLORE_BUCKETS
+
+
+def explores(session_id: str, share: float) -> bool:
+    """Whether the session is in the exploration share ``share`` (0 to 1): the same answer
+    on every replica, in a replay and for a twin of the session."""
+    return explore_bucket(session_id) < round(share * EXPLORE_BUCKETS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +310,7 @@ class LearnedPolicySource:
         default_max_subtasks: int = 64,
         trusted: TrustedKeys,
         sample_prefixes: tuple[str, ...] = ("trainer",),
+        explore_share: float = 0.0,
         backend: ServedPolicy | None = None,
         keep_newest: int = KEEP_NEWEST,
     ) -> None:
@@ -298,6 +321,8 @@ class LearnedPolicySource:
         """This orchestrator's pool (versions trained on another one are accepted: logged)."""
         self.default_max_subtasks = default_max_subtasks
         self.sample_prefixes = sample_prefixes
+        self.explore_share = explore_share
+        """Share of live-arm sessions that sample whoever submitted them (:func:`explores`)."""
         self.backend = backend
         """The served backend (``PODIUM_POLICY_BACKEND=v2://...``), None for local torch."""
         self.cold_start: SchedulingPolicy = baselines.make_policy(COLD_START_RULE)
@@ -378,16 +403,21 @@ class LearnedPolicySource:
         is what its route names (:meth:`for_session`); under ``PODIUM_ROLLOUT=latest``, this."""
         return self.holder.version
 
-    def samples(self, submitted: task_pb2.TaskSubmitted) -> bool:
-        """Whether this session samples actions (training) rather than taking the argmax."""
-        return submitted.submitted_by.startswith(self.sample_prefixes)
+    def samples(self, submitted: task_pb2.TaskSubmitted, *, explore: bool = True) -> bool:
+        """Whether this session samples actions (training) rather than taking the argmax: its
+        submitter is a trainer, or (``explore``: it runs on the live arm) it is in the
+        exploration share."""
+        if submitted.submitted_by.startswith(self.sample_prefixes):
+            return True
+        return explore and explores(submitted.session_id, self.explore_share)
 
     def for_session(
-        self, submitted: task_pb2.TaskSubmitted, version: str | None = None
+        self, submitted: task_pb2.TaskSubmitted, version: str | None = None, *, explore: bool = True
     ) -> SchedulingPolicy:
         """The policy that runs this session on ``version`` (see the module docstring; check
         :meth:`available` first: a version not loaded here raises ProcessingError). None: the
-        newest loaded version, cpls before any (``PODIUM_ROLLOUT=latest``)."""
+        newest loaded version, cpls before any (``PODIUM_ROLLOUT=latest``). ``explore``: the
+        session may be in the exploration share (False for canary and baseline arms)."""
         if version is None:
             if self.holder.version is None:
                 return self.cold_start
@@ -402,11 +432,10 @@ class LearnedPolicySource:
             raise ProcessingError(f"{MODEL_NAME} version {version!r} is not loaded here")
         # Seeded sessions sample reproducibly; unseeded ones get fresh randomness.
         seed = int(submitted.seed) or random.SystemRandom().getrandbits(63)
+        sample = self.samples(submitted, explore=explore)
         if self.backend is not None:
-            return SessionServedPolicy(
-                served, self.backend, sample=self.samples(submitted), seed=seed
-            )
-        return SessionLearnedPolicy(served, sample=self.samples(submitted), seed=seed)
+            return SessionServedPolicy(served, self.backend, sample=sample, seed=seed)
+        return SessionLearnedPolicy(served, sample=sample, seed=seed)
 
     async def on_policy_updated(self, event: reward_pb2.PolicyUpdated) -> bool:
         """Load an announced version (other models' events are ignored: False)."""

@@ -48,6 +48,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "podium_app.commands.bench_cycle",
         "A drift through the safe-shipping cycle: a live policy that learns vs a frozen one vs the rules.",
     ),
+    "bench bus": (
+        "podium_app.commands.bench_bus",
+        "Event bus throughput and latency (EventPublisher/EventConsumer on Kafka) beside raw aiokafka.",
+    ),
+    "bench pipeline": (
+        "podium_app.commands.bench_pipeline",
+        "Sessions and decisions per orchestrator core over Kafka vs embedded; policy version pick-up.",
+    ),
     "rollout": (
         "podium_app.commands.rollout",
         "Drive and inspect the rollout of a candidate policy: status, promote, rollback, report.",

@@ -1,13 +1,15 @@
 """``podium deploy local``: a kustomize overlay run on this machine, as the cluster would run it.
 
-Every Deployment/StatefulSet container of a Podium image runs as a local process with exactly
-its rendered command, args and env (Service names mapped to loopback ports, volumes to
+Every Deployment/StatefulSet/Job container of a Podium image runs as a local process with
+exactly its rendered command, args and env (Service names mapped to loopback ports, volumes to
 directories, ports remapped consistently with the probes); Strimzi's Kafka is a local broker
 with the same principals, Triton the local KServe-V2 server. Before anything starts, every
 env var must be read by some config and the transactional ids must fence; then every
-startup, liveness and readiness probe must pass on its rendered port. ``--cycle`` then runs one learning cycle:
-the operator's cold start, sessions through the orchestrator, a learner version published
-and served. docs/operations.md says what is substituted and why.
+startup, liveness and readiness probe must pass on its rendered port, and every Job (the cold
+start, ``bootstrap``) must complete. ``--cycle`` then runs one learning cycle as a client:
+sessions through the orchestrator as an ordinary user until a learner version (trained on the
+exploration share) is published and served. docs/operations.md says what is substituted and
+why.
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     local.add_argument("--check-only", action="store_true", help="render and check; start nothing")
     local.add_argument("--cycle", action="store_true", help="then run one learning cycle")
-    local.add_argument("--sessions", type=int, default=8, help="sessions of the cycle (default 8)")
+    local.add_argument(
+        "--sessions", type=int, default=8, help="sessions per round of the cycle (default 8)"
+    )
     local.add_argument("--cycle-timeout", type=float, default=180.0, help="seconds per cycle step")
     local.add_argument(
         "--hold", type=float, default=0.0, help="keep running this many seconds at the end"

@@ -2,7 +2,10 @@
 
 Subcommands ``status | propose VERSION | promote | pause | resume | rollback`` call the rollout
 controller's gRPC ``RolloutService`` (``learner_svc`` in rollout mode, operator role); ``report``
-reads the rollout and scored-trajectory topics and writes an HTML report.
+reads the rollout and scored-trajectory topics and writes an HTML report; ``bootstrap`` is a
+new deployment's cold start (:mod:`podium_app.bootstrap`: an initial behaviour clone published
+with the learner's settings and key and made live, once; the Kubernetes Job ``bootstrap`` runs
+it with the learner's settings, ``PODIUM_BUS`` and ``PODIUM_BOOTSTRAP_*`` in its env).
 
 Inside a cluster the controller's own image has the CLI, so the usual form is
 ``kubectl exec deploy/rollout -- podium rollout status`` (the address then defaults to the local
@@ -62,6 +65,7 @@ REASON_REQUIRED = frozenset({"promote", "pause", "rollback"})
 EPILOG = """\
 examples:
   podium rollout status
+  podium rollout bootstrap        # a new deployment's cold start (the Job k8s/base/bootstrap.yaml)
   podium rollout promote --reason "canary clean for a week" --rollout-id 3:12
   kubectl exec deploy/rollout -- podium rollout rollback --reason "pager: latency"
 
@@ -159,6 +163,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=helps[name],
             **common,
         )
+    boot = sub.add_parser(
+        "bootstrap",
+        parents=[client],
+        help="cold start: publish a behaviour clone of cpls and make it live (once)",
+        **common,
+    )
+    boot.add_argument("--init", metavar="FILE", help="policy to publish ($PODIUM_BOOTSTRAP_INIT)")
+    boot.add_argument("--work-dir", metavar="DIR", help="scratch ($PODIUM_BOOTSTRAP_WORK_DIR)")
     report = sub.add_parser(
         "report", help="HTML report from the rollout and scored-trajectory topics"
     )
@@ -420,6 +432,8 @@ def run(args: argparse.Namespace) -> int:
     prog = f"{PROG} {args.action}"
     try:
         config = client_config(args)
+        if args.action == "bootstrap":
+            return asyncio.run(run_bootstrap(args, config, prog))
         method, request = build_request(args)
         response = asyncio.run(call(config, method, request))
     except CliError as exc:
@@ -430,3 +444,53 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     print(render(args, response))
     return EXIT_OK
+
+
+async def run_bootstrap(args: argparse.Namespace, config: ClientConfig, prog: str) -> int:
+    """``podium rollout bootstrap``: :func:`podium_app.bootstrap.bootstrap` with the settings of
+    the environment (the learner's, ``PODIUM_BOOTSTRAP_*``) and the flags; progress on stdout.
+    A gRPC failure is one line with the exit code of the other subcommands; anything else
+    that stops it (the broker, a file) is 1."""
+    import grpc.aio
+
+    from learner_svc.algorithms.swarm import SwarmSettings
+    from podium.bus import KafkaBus, KafkaConfig
+    from podium.service.auth import client_channel
+    from podium_app import bootstrap as boot
+
+    overrides = {
+        name: value
+        for name, value in (("init", args.init), ("work_dir", args.work_dir))
+        if value is not None
+    }
+    settings = from_env(boot.BootstrapSettings, **overrides)
+    learner = from_env(SwarmSettings)
+    token = read_token(config.token_file)
+    channel = client_channel(config.address, token=token, ca_file=_check_ca(config.ca_file))
+    bus = KafkaBus(KafkaConfig.from_url(settings.bus))
+
+    def make_init() -> Path:
+        if settings.init:
+            return Path(settings.init)
+        return boot.behaviour_clone(Path(settings.work_dir), settings.seed, _say)
+
+    try:
+        await boot.start_bus(bus, settings.timeout_s, _say)
+        outcome = await boot.bootstrap(bus, channel, learner, make_init, settings.timeout_s, _say)
+    except grpc.aio.AioRpcError as exc:
+        raise rpc_error(exc, config.address) from exc
+    except PodiumError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        await channel.close()
+        await bus.stop()
+    live = outcome.version or "none (rules:cpls)"
+    print(f"{prog}: {outcome.decision.action}; learned version live: {live}")
+    return EXIT_OK
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUNS = ("frozen", "continuous")
-"""The two deployments a cycle bench compares, in the order they run (the frozen one first: it
-announces version 0 itself, the continuous one's learner announces its own)."""
+"""The two deployments a cycle bench compares, in the order they run (the frozen one first);
+each publishes the initial policy and makes it live (podium_app.bootstrap's shared steps)."""
 
 
 @dataclass(frozen=True, slots=True)

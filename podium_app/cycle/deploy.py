@@ -8,8 +8,10 @@
   controlled rollout with the statistics store on, the reward service, the rollout controller
   in compressed time, the learner (swarm mode, continuous run only), and the sub-agents with
   the drift scenario whose origin is placed so that it bites ``drift_at_s`` into the load;
-* :func:`make_live`: the operator's override that makes the initial policy live (the cold
-  start serves ``rules:cpls``, and a behaviour clone ties it, so it would not pass shadow).
+* the initial policy is made live by the driver with the cold start's shared steps
+  (:mod:`podium_app.bootstrap`: published with the learner's code and key, then the operator's
+  override; the cold start serves ``rules:cpls``, and a behaviour clone ties it, so it would
+  not pass shadow).
 """
 
 from __future__ import annotations
@@ -37,8 +39,6 @@ from podium_app.kafka_broker import KafkaBroker, free_port
 from podium_app.processes import SERVICES_ROOT, ServiceProcesses
 from podium_app.train.config import TrainConfig
 from podium_app.train.services import RunTopics, learner_settings, settings_env
-
-IDLE = rollout_pb2.ROLLOUT_STAGE_IDLE
 
 CONTROLLER_ENV = {
     "PODIUM_ROLLOUT_STAGES": "25,50,100",
@@ -152,6 +152,14 @@ class Deployment:
         full = {**_base_env(self.conn, principal, name), **env}
         await self.processes.start(name, self.config.python or sys.executable, module, full)
 
+    async def start_service(
+        self, name: str, module: str, principal: str, env: dict[str, str]
+    ) -> None:
+        """``python -m module`` as process ``name``, logged in as ``principal``, with the
+        run's base environment plus ``env`` (other benches' deployments on this one's
+        broker and supervision: ``podium bench pipeline``)."""
+        await self._start(name, module, principal, env)
+
     async def start_services(self, init: Path | None) -> None:
         """Everything but the sub-agents: orchestrators, reward, controller and (with
         ``init``, the continuous run) the learner starting from ``init``."""
@@ -254,38 +262,6 @@ async def wait_controller(deploy: Deployment, timeout_s: float = 180.0) -> None:
             await asyncio.sleep(0.5)
 
 
-async def make_live(deploy: Deployment, version: str, timeout_s: float = 120.0) -> None:
-    """Operator overrides, recorded on the registry: pause, propose ``version`` (retried until
-    the controller has read its announcement), promote until it is live, resume."""
-    address = f"127.0.0.1:{deploy.rollout_port}"
-    reason = "bench cycle: the initial policy is made live by an operator override"
-
-    def command(**kw: str) -> rollout_pb2.RolloutCommand:
-        return rollout_pb2.RolloutCommand(reason=reason, **kw)
-
-    await _rpc(address, "Pause", rollout_pb2.PauseRequest(command=command()))
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        deploy.check()
-        status = await _rpc(address, "GetStatus", rollout_pb2.GetStatusRequest())
-        state = status.state
-        if state.live_version == version and state.stage == IDLE:
-            break
-        if loop.time() > deadline:
-            raise PodiumError(f"version {version} could not be made live; state: {state}")
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            if state.stage == IDLE:
-                await _rpc(
-                    address, "Propose", rollout_pb2.ProposeRequest(version=version, reason=reason)
-                )
-            else:
-                request = rollout_pb2.PromoteRequest(command=command(rollout_id=state.rollout_id))
-                await _rpc(address, "Promote", request)
-        await asyncio.sleep(0.5)
-    await _rpc(address, "Resume", rollout_pb2.ResumeRequest(command=command()))
-
-
 __all__ = [
     "CONTROLLER_ENV",
     "GREEDY_BY",
@@ -294,6 +270,5 @@ __all__ = [
     "Deployment",
     "connection",
     "learner_train_config",
-    "make_live",
     "wait_controller",
 ]

@@ -29,22 +29,28 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+import grpc.aio
+
+from learner_svc.algorithms.swarm import SwarmSettings
 from podium import topics
 from podium.bus import KafkaBus
-from podium.bus.consumer import EventPublisher
 from podium.envs.swarm.drift import load_drift
 from podium.envs.swarm.spec import default_pool
 from podium.errors import PodiumError
-from podium.policy.signing import KeyPair, SigningKey
-from podium.policy.swarm import MODEL_NAME, load_policy, save_policy, swarm_policy_updated
 from podium.v1 import rollout_pb2
+from podium_app.bootstrap import (
+    announce,
+    behaviour_clone,
+    make_live,
+    next_version,
+    publish_initial,
+)
 from podium_app.cycle.config import RUNS, CycleConfig
 from podium_app.cycle.deploy import (
     Connection,
     Deployment,
     connection,
     learner_train_config,
-    make_live,
     wait_controller,
 )
 from podium_app.cycle.load import Submitter, Tail, create_topics
@@ -56,7 +62,7 @@ from podium_app.cycle.measure import (
     verdicts,
     window_table,
 )
-from podium_app.train.services import run_key_pair
+from podium_app.train.services import RunTopics, learner_settings, run_key_pair
 
 Say = Callable[[str], None]
 START_MARGIN_S = 15.0
@@ -112,45 +118,41 @@ def _transition(t: rollout_pb2.RolloutTransition) -> dict[str, Any]:
 
 
 def initial_policy(config: CycleConfig, say: Say) -> Path:
-    """``--checkpoint``, or a behaviour clone of cpls made by ``podium train`` with no PPO
-    iteration on tasks like the load's (small, every kind)."""
+    """``--checkpoint``, or a behaviour clone of cpls (:func:`podium_app.bootstrap.behaviour_clone`:
+    ``podium train`` with no PPO iteration on tasks like the load's, small, every kind)."""
     if config.checkpoint is not None:
         return config.checkpoint
-    from podium_app.train.config import TrainConfig
-    from podium_app.train.job import train
+    say("no --checkpoint:")
+    return behaviour_clone(config.work_dir, config.seed, say)
 
-    run_dir = config.work_dir / "init"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    say("no --checkpoint: behaviour-cloning cpls (podium train, 0 PPO iterations)")
-    result = asyncio.run(
-        train(
-            TrainConfig(
-                run_dir=run_dir,
-                seed=config.seed,
-                suite_size=60,
-                sizes=(5, 10),
-                test_suite_size=6,
-                test_sizes=(5, 10),
-                curriculum=(10,),
-                bc_demos_per_task=2,
-                iterations=0,
-                num_envs=8,
-                validation_seeds=1,
-                test_episodes=1,
-            )
-        )
+
+def learner_of(config: CycleConfig, name: str, run_dir: Path, init: Path) -> SwarmSettings:
+    """The learner settings the initial version is published with: the continuous run's
+    learner's own, the frozen run's a learner's artifacts root of its own (no model repository:
+    the bench's orchestrators decide in-process). Both sign with the run's key pair."""
+    train = learner_train_config(config, config.work_dir / "continuous")
+    if name == "continuous":
+        return learner_settings(train, init, 16, RunTopics())[1]
+    keys = run_key_pair(train)
+    return SwarmSettings(
+        artifacts_dir=str(run_dir / "artifacts"), signing_key=str(keys.private_path)
     )
-    return result.best_checkpoint
 
 
-async def announce_initial(bus: KafkaBus, init: Path, keys: KeyPair, out: Path) -> None:
-    """Publish ``init`` as signed version 0, as a learner would (the frozen run has none)."""
-    net, agents = load_policy(init)
-    ref = save_policy(net, out, 0, agents, init="bench-cycle")
-    event = SigningKey.load(keys.private_path).sign(swarm_policy_updated(ref))
-    await EventPublisher(bus, producer_name="bench-cycle").publish(
-        topics.POLICY_UPDATES, event, key=MODEL_NAME
-    )
+async def make_initial_live(
+    deploy: Deployment, bus: KafkaBus, learner: SwarmSettings, init: Path
+) -> int:
+    """The cold start's two shared steps (:mod:`podium_app.bootstrap`): ``init`` published with
+    ``learner``'s code and key as the next version and announced, then made live by the
+    operator override (no idempotence here: one broker serves both runs, so the continuous
+    run replaces the frozen run's live version on purpose)."""
+    version = next_version(learner.artifacts_dir, learner.model_repository)
+    event = await asyncio.to_thread(publish_initial, learner, init, version)
+    await announce(bus, event)
+    await _wait(lambda: deploy.logs_loaded(version), deploy, 180.0, f"replicas loading v{version}")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{deploy.rollout_port}") as channel:
+        await make_live(channel, str(version), 120.0)
+    return version
 
 
 async def _wait(pred: Callable[[], bool], deploy: Deployment, timeout_s: float, what: str) -> None:
@@ -239,11 +241,10 @@ async def run_once(
             # One broker serves both runs: the learner must not learn the frozen run's sessions.
             await bus.position_groups_at_end({"learner": [topics.SCORED_TRAJECTORIES]})
         await deploy.start_services(init if name == "continuous" else None)
-        if name == "frozen":
-            await announce_initial(bus, init, keys, run_dir / "artifacts")
         await wait_controller(deploy)
-        await _wait(lambda: deploy.logs_loaded(0), deploy, 180.0, "replicas loading version 0")
-        await make_live(deploy, "0")
+        version = await make_initial_live(
+            deploy, bus, learner_of(config, name, run_dir, init), init
+        )
         tail = Tail(bus, name)
         await tail.start()
         sub = Submitter(bus, name, plan)
@@ -255,7 +256,8 @@ async def run_once(
         result.load_started_at = t0_wall
         await deploy.start_subagents(t0_wall + config.drift_at_s - first)
         say(
-            f"[{name}] version 0 live; load of {len(plan)} sessions starts in {START_MARGIN_S:.0f}s"
+            f"[{name}] version {version} live; load of {len(plan)} sessions starts in "
+            f"{START_MARGIN_S:.0f}s"
         )
         await _drive(name, deploy, tail, sub, t0_mono, config, say)
         result.exit_codes = await deploy.stop()
@@ -340,4 +342,4 @@ async def run_all(config: CycleConfig, init: Path, say: Say) -> dict[str, Any]:
     }
 
 
-__all__ = ["RunResult", "announce_initial", "initial_policy", "run_all", "run_once"]
+__all__ = ["RunResult", "initial_policy", "learner_of", "make_initial_live", "run_all", "run_once"]

@@ -2,7 +2,8 @@
 
 * :func:`read_variables`: every environment variable some Podium code reads, found by walking
   the code, never kept as a list by hand: the ``env("NAME")`` fields of every dataclass in
-  ``podium/`` and the four services (:func:`podium.config.env`), the SASL password
+  ``podium/`` and the four services (:func:`podium.config.env`; for a container that runs the
+  ``podium`` CLI, such as the cold-start Job, those of ``podium_app/`` too), the SASL password
   :class:`podium.bus.KafkaConfig` reads beside its URL, and the ``OTEL_*`` names the
   OpenTelemetry SDK and API declare (``opentelemetry.sdk.environment_variables``,
   ``opentelemetry.environment_variables``);
@@ -89,12 +90,25 @@ def otel_variables() -> set[str]:
     }
 
 
+TOP_FLOOR = "podium_app"
+"""The CLI's package: its commands' settings count for a container that runs ``podium``."""
+CLI = "podium"
+"""The console script of the top floor (``pyproject.toml``)."""
+
+
+def runs_cli(argv: Sequence[str]) -> bool:
+    """Whether a container's command is the ``podium`` CLI (``podium ...``, any path)."""
+    return bool(argv) and Path(argv[0]).name == CLI
+
+
 @cache
-def read_variables() -> frozenset[str]:
-    """Every variable some Podium code reads (see the module docstring)."""
+def read_variables(top_floor: bool = False) -> frozenset[str]:
+    """Every variable some Podium code reads (see the module docstring); with ``top_floor``,
+    the CLI's commands' settings too."""
     from podium.bus.kafka import SASL_PASSWORD_ENV
 
-    modules = [m for package in CODE_PACKAGES for m in _modules(package)]
+    packages = (*CODE_PACKAGES, TOP_FLOOR) if top_floor else CODE_PACKAGES
+    modules = [m for package in packages for m in _modules(package)]
     return frozenset(env_fields(modules) | otel_variables() | {SASL_PASSWORD_ENV})
 
 
@@ -200,5 +214,6 @@ __all__ = [
     "module_of",
     "otel_variables",
     "read_variables",
+    "runs_cli",
     "unread_variables",
 ]

@@ -1,21 +1,17 @@
-"""One learning cycle through a running local deployment, as an operator and a client do it.
+"""One learning cycle through a running local deployment, as a client sees it: no operator.
 
-1. **Cold start** (:func:`bootstrap`): the learner publishes only versions trained on sessions
-   sampled by a learned version, and the rollout serves ``rules:cpls`` until a learned version
-   is live; a new cluster therefore needs a first version, made live by an operator. It is
-   published with the learner's own code and settings (the learner container's resolved env:
-   its artifacts directory, model repository and signing key; ``SwarmPPO.publish`` on a fresh
-   network) as version ``B``, one above any version already in the model repository (the V2
-   server's repository may be shared), announced on the policy topic.
-2. **Made live** (:func:`make_live`): the operator's override through RolloutService (the
-   operator token, TLS with the deployment's CA): pause, propose ``B``, promote until live,
-   resume, each recorded on the registry. The learner follows the registry and resets to ``B``.
-3. **Sessions** (:func:`run_sessions`): submitted through SessionService with the ``trainer``
-   token (so the orchestrator samples their actions and the learner may train on them),
-   each streamed to its result.
-4. **A new version** (:func:`wait_published`): a ``PolicyUpdated`` above ``B`` on the policy
-   topic, signed by the deployment's key, and (:func:`wait_served`) the V2 server reporting
-   that version of the model ready (the orchestrator loaded it through the repository API).
+1. **Cold start**: done by the deployment itself, the ``bootstrap`` Job (k8s/base/bootstrap.yaml,
+   :mod:`podium_app.bootstrap`), run to completion by :func:`podium_app.deploy.run.deploy_local`:
+   a behaviour clone published with the learner's settings and key and made live through
+   RolloutService. :func:`live_version` reads which version it made live, :func:`wait_served`
+   waits until the V2 server serves it (the orchestrator loaded it through the repository API).
+2. **Sessions** (:func:`run_sessions`): submitted through SessionService over TLS with an
+   ordinary client's token (``user``, not ``trainer``), each streamed to its result; the
+   orchestrators' exploration share (``PODIUM_EXPLORE_SHARE``) samples some of them, and the
+   learner trains on those. Rounds go on until
+3. **a new version** (:func:`wait_published`): a ``PolicyUpdated`` above the live one on the
+   policy topic, signed by the deployment's key, and (:func:`wait_served`) the V2 server
+   reporting that version of the model ready.
 """
 
 from __future__ import annotations
@@ -23,20 +19,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc.aio
 
 from podium import topics
 from podium.bus import KafkaBus, KafkaConfig
-from podium.bus.consumer import EventPublisher
 from podium.codec import decode_event
-from podium.config import from_env
 from podium.errors import PodiumError
-from podium.policy.signing import TrustedKeys, announcement_event_id
+from podium.policy.signing import TrustedKeys
 from podium.policy.swarm import MODEL_NAME
 from podium.service.auth import client_channel
 from podium.v1 import (
@@ -46,63 +39,25 @@ from podium.v1 import (
     session_service_pb2,
     session_service_pb2_grpc,
 )
-from podium_app.deploy.plan import LocalContainer, Plan
+from podium_app.deploy.plan import Plan
 
-IDLE = rollout_pb2.ROLLOUT_STAGE_IDLE
 SESSION_TASK = Path(__file__).resolve().parents[2] / "podium" / "data" / "tasks" / "layered-5.yaml"
 """The task every cycle session runs (a shipped one, small)."""
+CLIENT = "user"
+"""The principal the cycle's sessions are submitted as: an ordinary client (plugin role), not
+``trainer``; only the exploration share samples its sessions."""
 
 
 @dataclass(frozen=True)
 class CycleResult:
     bootstrap_version: int
+    """The learned version live after the cold-start Job."""
     sessions: int
+    """Sessions submitted (in rounds, until the learner published)."""
     published: int
     """The version the learner announced after the sessions."""
     seconds: Mapping[str, float]
     """Time of each step."""
-
-
-def container_of(plan: Plan, module: str, mode: str = "") -> LocalContainer:
-    """The first container running ``python -m module`` (with ``PODIUM_LEARNER_MODE=mode``)."""
-    for c in plan.containers:
-        if module in c.argv and (not mode or c.env.get("PODIUM_LEARNER_MODE") == mode):
-            return c
-    raise PodiumError(
-        f"the overlay runs no {module} container" + (f" in mode {mode}" if mode else "")
-    )
-
-
-def next_version(repository: Path) -> int:
-    """One above every version directory of the model in ``repository``."""
-    model = repository / MODEL_NAME
-    versions = [int(p.name) for p in model.iterdir() if p.name.isdigit()] if model.is_dir() else []
-    return max(versions, default=0) + 1
-
-
-def publish_initial(learner_env: Mapping[str, str], version: int) -> reward_pb2.PolicyUpdated:
-    """A fresh network published as ``version`` by the learner's own code and settings."""
-    from learner_svc.algorithms.swarm import SwarmPPO, SwarmSettings
-
-    algorithm = SwarmPPO.from_settings(from_env(SwarmSettings, learner_env))
-    return algorithm.publish(version, 0, {})
-
-
-async def bootstrap(plan: Plan, admin: KafkaConfig) -> int:
-    """Publish and announce the initial version; its number."""
-    learner = container_of(plan, "learner_svc", "swarm")
-    repository = Path(learner.env["PODIUM_MODEL_REPOSITORY"])
-    version = next_version(repository)
-    event = await asyncio.to_thread(publish_initial, learner.env, version)
-    bus = KafkaBus(admin)
-    await bus.start()
-    try:
-        await EventPublisher(bus, producer_name="podium-deploy").publish(
-            topics.POLICY_UPDATES, event, key=MODEL_NAME, event_id=announcement_event_id(event)
-        )
-    finally:
-        await bus.stop()
-    return version
 
 
 def _channel(plan: Plan, address: str, principal: str) -> grpc.aio.Channel:
@@ -110,55 +65,28 @@ def _channel(plan: Plan, address: str, principal: str) -> grpc.aio.Channel:
     return client_channel(address, token=token, ca_file=plan.operator.grpc_ca)
 
 
-async def make_live(plan: Plan, address: str, version: int, timeout_s: float) -> None:
-    """The operator's override: pause, propose, promote until ``version`` is live, resume."""
-    reason = "podium deploy local: the initial policy made live by the operator (cold start)"
+async def live_version(plan: Plan, address: str, timeout_s: float) -> str:
+    """The version the rollout serves now (RolloutService, with the operator's token)."""
     async with _channel(plan, address, "operator") as channel:
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)  # type: ignore[no-untyped-call]
-        command = rollout_pb2.RolloutCommand
-        await _retry(
-            lambda: stub.Pause(
-                rollout_pb2.PauseRequest(command=command(reason=reason)), timeout=10
-            ),
-            timeout_s,
-        )
         deadline = time.monotonic() + timeout_s
         while True:
-            state = (await stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=10)).state
-            if state.live_version == str(version) and state.stage == IDLE:
-                break
-            if time.monotonic() > deadline:
-                raise PodiumError(f"version {version} could not be made live; state: {state}")
             try:
-                if state.stage == IDLE:
-                    await stub.Propose(
-                        rollout_pb2.ProposeRequest(version=str(version), reason=reason), timeout=10
-                    )
-                else:
-                    cmd = command(reason=reason, rollout_id=state.rollout_id)
-                    await stub.Promote(rollout_pb2.PromoteRequest(command=cmd), timeout=10)
-            except grpc.aio.AioRpcError:
-                pass  # not yet read the announcement / a stage moved under us: look again
-            await asyncio.sleep(0.5)
-        await stub.Resume(rollout_pb2.ResumeRequest(command=command(reason=reason)), timeout=10)
+                status = await stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=10)
+                return str(status.state.live_version)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
 
 
-async def _retry(call: Callable[[], Any], timeout_s: float) -> Any:
-    """``call()`` until it does not fail with UNAVAILABLE (a server still binding)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await call()
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
-
-
-async def run_sessions(plan: Plan, address: str, count: int, timeout_s: float) -> list[str]:
-    """``count`` sessions submitted as ``trainer``, each streamed to its result; their outcomes."""
+async def run_sessions(
+    plan: Plan, address: str, count: int, timeout_s: float, principal: str = CLIENT
+) -> list[str]:
+    """``count`` sessions submitted as ``principal``, each streamed to its result; their
+    outcomes."""
     task = await asyncio.to_thread(SESSION_TASK.read_text)
-    async with _channel(plan, address, "trainer") as channel:
+    async with _channel(plan, address, principal) as channel:
         stub = session_service_pb2_grpc.SessionServiceStub(channel)  # type: ignore[no-untyped-call]
 
         async def one(i: int) -> str:
@@ -232,12 +160,9 @@ async def wait_served(grpc_address: str, version: int, timeout_s: float) -> None
 
 
 __all__ = [
+    "CLIENT",
     "CycleResult",
-    "bootstrap",
-    "container_of",
-    "make_live",
-    "next_version",
-    "publish_initial",
+    "live_version",
     "run_sessions",
     "wait_published",
     "wait_served",

@@ -2,7 +2,10 @@
 
 :func:`check` is the static part (env vars no config reads, transactional ids that do not
 fence); :class:`LocalDeployment` starts every Podium container as a process (init containers
-first, each to completion, as the kubelet runs them), then sends each container's startup,
+first, each to completion, as the kubelet runs them; Jobs' containers beside the others, each
+waited for to completion by :meth:`LocalDeployment.wait_jobs`: a Job does what its
+dependencies allow when they are up, retrying until then, as a Job in a cluster must), then
+sends each container's startup,
 liveness and readiness probes to their rendered ports mapped through its pod's table
 (``grpc``: ``grpc.health.v1`` Check must answer SERVING; ``http``: a 2xx/3xx answer; ``tcp``: a
 connection) until every probe of every container passes, one exits, or the deadline passes;
@@ -26,7 +29,12 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from podium.errors import PodiumError
-from podium_app.deploy.checks import fencing_problems, read_variables, unread_variables
+from podium_app.deploy.checks import (
+    fencing_problems,
+    read_variables,
+    runs_cli,
+    unread_variables,
+)
 from podium_app.deploy.manifest import Probe
 from podium_app.deploy.plan import LocalContainer, Plan
 from podium_app.deploy.render import ROOT
@@ -45,8 +53,11 @@ class DeploymentError(PodiumError):
 
 def check(plan: Plan) -> list[str]:
     """The static problems of the plan (empty = none)."""
-    everything = [*plan.init, *plan.containers]
-    problems = unread_variables([c.container for c in everything], read_variables())
+    everything = [*plan.init, *plan.containers, *plan.jobs]
+    services = [c.container for c in everything if not runs_cli(c.argv)]
+    commands = [c.container for c in everything if runs_cli(c.argv)]
+    problems = unread_variables(services, read_variables())
+    problems += unread_variables(commands, read_variables(top_floor=True))
     envs = {c.where: c.env for c in everything}
     problems += fencing_problems([c.container for c in everything], envs)
     return problems
@@ -151,8 +162,41 @@ class LocalDeployment:
                 failed.append(f"init container {c.where} exited {code}: {self.log_tail(c)}")
         if failed:
             raise DeploymentError("init containers", failed)
-        for c in self.plan.containers:
+        for c in (*self.plan.containers, *self.plan.jobs):
             await self._spawn(c)
+
+    async def rerun_jobs(self) -> None:
+        """Start every Job's container again, as a Job deleted and applied again would."""
+        for c in self.plan.jobs:
+            await self._spawn(c)
+
+    async def wait_jobs(self, timeout_s: float) -> dict[str, float]:
+        """Seconds until each Job's container exited 0; raises naming every Job that failed
+        (its exit and log) or did not finish within ``timeout_s`` (then killed)."""
+        t0 = time.monotonic()
+        done: dict[str, float] = {}
+        failed: list[str] = []
+        for c in self.plan.jobs:
+            proc = self.procs[c.where]
+            try:
+                code = await asyncio.wait_for(
+                    proc.wait(), max(timeout_s - (time.monotonic() - t0), 0.1)
+                )
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+                failed.append(
+                    f"job {c.where} did not finish within {timeout_s:.0f}s: {self.log_tail(c)}"
+                )
+                continue
+            if code != 0:
+                failed.append(f"job {c.where} exited {code}: {self.log_tail(c)}")
+            else:
+                done[c.where] = time.monotonic() - t0
+        if failed:
+            raise DeploymentError("jobs", failed)
+        return done
 
     async def wait_ready(self, timeout_s: float) -> dict[str, float]:
         """Seconds until each container's readiness probe passed; raises naming every
@@ -196,7 +240,8 @@ class LocalDeployment:
     async def stop(self) -> dict[str, int]:
         """SIGTERM every process, SIGKILL what is left after its pod's grace period, as the
         kubelet does; the exit statuses."""
-        grace = {c.where: c.container.grace_s for c in (*self.plan.init, *self.plan.containers)}
+        everything = (*self.plan.init, *self.plan.containers, *self.plan.jobs)
+        grace = {c.where: c.container.grace_s for c in everything}
         for proc in self.procs.values():
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):

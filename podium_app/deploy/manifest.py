@@ -5,7 +5,8 @@ this module reproduces:
 
 * a Deployment or StatefulSet of ``replicas`` gives that many pods; StatefulSet pods are
   ``<name>-<ordinal>`` as in a cluster, Deployment pods ``<name>-<ordinal>`` here too (a cluster
-  names them ``<name>-<hash>-<random>``; nothing in Podium reads that name);
+  names them ``<name>-<hash>-<random>``; nothing in Podium reads that name); a Job gives one
+  pod, ``<name>-0`` (its ``parallelism`` other than 1 is refused);
 * a container's environment: ``envFrom`` first (ConfigMap or Secret keys, with ``prefix``),
   then ``env`` in order (later wins); ``valueFrom`` resolves ``configMapKeyRef`` and
   ``secretKeyRef`` against the Secrets and ConfigMaps given (``optional`` honoured),
@@ -31,7 +32,9 @@ from typing import Any
 from podium.errors import ConfigError
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
-"""The kinds whose pods the local deployment runs."""
+"""The kinds whose pods the local deployment runs and keeps running."""
+JOB_KINDS = ("Job",)
+"""The kinds whose pods the local deployment runs to completion."""
 
 CLUSTER_DOMAIN = "cluster.local"
 """The cluster's DNS domain (kubelet default)."""
@@ -196,13 +199,21 @@ def services(objects: Objects) -> list[Service]:
 
 
 def pods(objects: Objects) -> list[Pod]:
-    """Every pod of every Deployment and StatefulSet, its containers' env resolved."""
+    """Every pod of every Deployment, StatefulSet and Job, its containers' env resolved."""
     out: list[Pod] = []
     for workload in objects.items:
-        if workload.get("kind") not in WORKLOAD_KINDS:
-            continue
-        replicas = int(workload.get("spec", {}).get("replicas", 1))
-        out.extend(_pod(objects, workload, i) for i in range(replicas))
+        kind = workload.get("kind")
+        if kind in JOB_KINDS:
+            parallelism = int(workload.get("spec", {}).get("parallelism", 1))
+            if parallelism != 1:
+                raise ConfigError(
+                    f"Job {name_of(workload)}: parallelism {parallelism}: the local deployment "
+                    "runs one pod per Job"
+                )
+            out.append(_pod(objects, workload, 0))
+        elif kind in WORKLOAD_KINDS:
+            replicas = int(workload.get("spec", {}).get("replicas", 1))
+            out.extend(_pod(objects, workload, i) for i in range(replicas))
     return out
 
 
@@ -402,6 +413,7 @@ def expand(value: str, env: Mapping[str, str]) -> str:
 
 __all__ = [
     "CLUSTER_DOMAIN",
+    "JOB_KINDS",
     "WORKLOAD_KINDS",
     "Container",
     "Mount",

@@ -3,9 +3,9 @@
 Pure planning plus the files a pod's volumes hold (:func:`materialize`); nothing is started
 here. The rules, each applied the same way to every container (docs/operations.md):
 
-* **Which containers run.** Every container and init container of a Deployment/StatefulSet pod
-  whose image is a Podium image (repository ``.../podium`` or ``podium``, any tag). The rest
-  are stood in for (:mod:`.standins`).
+* **Which containers run.** Every container and init container of a Deployment/StatefulSet/Job
+  pod whose image is a Podium image (repository ``.../podium`` or ``podium``, any tag); a Job's
+  containers run to completion (``Plan.jobs``). The rest are stood in for (:mod:`.standins`).
 * **Ports.** Pods share loopback, so each pod's ports are remapped to free local ports, one
   table per pod: every declared ``containerPort``, every probe's port, and the value of
   every variable named ``*_PORT`` that holds a port number (an image's ``ENV`` included) get a
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from podium.errors import ConfigError
-from podium_app.deploy.manifest import Container, Objects, Pod, Probe, Service, pods
+from podium_app.deploy.manifest import JOB_KINDS, Container, Objects, Pod, Probe, Service, pods
 from podium_app.deploy.render import ROOT
 from podium_app.deploy.standins import (
     BrokerAccess,
@@ -116,6 +116,9 @@ class Plan:
     """Workloads not run (non-Podium images), with what stands in for them."""
     operator: OperatorFiles
     work_dir: Path
+    jobs: tuple[LocalContainer, ...] = ()
+    """The containers of Job pods: run to completion beside the others (a failure fails the
+    deployment)."""
 
     def address(self, service: str, port: int) -> str:
         """The local address of ``service:port`` (any of its DNS names)."""
@@ -146,12 +149,13 @@ def make_plan(
     base_env = image_env()
     init: list[LocalContainer] = []
     containers: list[LocalContainer] = []
+    jobs: list[LocalContainer] = []
     for pod in all_pods:
         dirs = materialize(pod, objects, work_dir, v2.repository, v2_claims)
         for c in (*pod.init_containers, *pod.containers):
             if is_podium_image(c.image, image):
                 local = localize(c, ports[pod.name], addresses, dirs, base_env, work_dir)
-                (init if c.init else containers).append(local)
+                (init if c.init else jobs if pod.kind in JOB_KINDS else containers).append(local)
     return Plan(
         objects,
         all_pods,
@@ -161,6 +165,7 @@ def make_plan(
         tuple(replaced),
         operator,
         work_dir,
+        tuple(jobs),
     )
 
 

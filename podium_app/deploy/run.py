@@ -3,7 +3,8 @@
 render -> stand-ins (a broker: ``--kafka`` or a fresh local one; the V2 server: ``--v2-*`` or
 ``$PODIUM_V2_*``) -> topics declared as ``KafkaTopic`` created as the Topic Operator would
 (partitions and config as rendered, one replica: one broker) -> plan -> static check ->
-processes -> readiness -> (``cycle``) one learning cycle -> stop (unless held).
+processes (Jobs beside the rest) -> readiness -> Jobs completed (the cold start: the
+``bootstrap`` Job) -> (``cycle``) one learning cycle as a client -> stop (unless held).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from podium.bus import KafkaBus, KafkaConfig
 from podium.bus.base import TopicSpec
-from podium.errors import ConfigError
+from podium.errors import ConfigError, PodiumError
 from podium.policy.signing import TrustedKeys
 from podium_app.deploy import cycle
 from podium_app.deploy.local import DeploymentError, LocalDeployment, check
@@ -46,6 +47,8 @@ class LocalSettings:
     ``ssl_cafile``, ``<dir>/tls/ca.pem``, as ``scripts/kafka.sh`` lays it out); empty: a fresh
     broker in ``<work>/kafka``."""
     ready_timeout_s: float = 120.0
+    jobs_timeout_s: float = 300.0
+    """How long the Jobs (the cold start: a behaviour clone, then the rollout) may take."""
     cycle: bool = False
     sessions: int = 8
     cycle_timeout_s: float = 180.0
@@ -59,6 +62,8 @@ class Outcome:
 
     plan: Plan | None = None
     ready_s: dict[str, float] = field(default_factory=dict)
+    jobs_s: dict[str, float] = field(default_factory=dict)
+    """Seconds until each Job's container completed."""
     cycle: cycle.CycleResult | None = None
     exit_codes: dict[str, int] = field(default_factory=dict)
 
@@ -141,7 +146,8 @@ async def deploy_local(settings: LocalSettings, say: Say) -> Outcome:
         if problems:
             raise DeploymentError("check", problems)
         say(
-            f"checked: {len(plan.containers)} containers, every env var read, transactional ids fence"
+            f"checked: {len(plan.containers)} containers and {len(plan.jobs)} job(s), every env "
+            "var read, transactional ids fence"
         )
         created = await create_topics(plan.objects, admin)
         say(f"topics created from KafkaTopic resources: {len(created)}")
@@ -153,6 +159,9 @@ async def deploy_local(settings: LocalSettings, say: Say) -> Outcome:
                 say(f"ready: {where} after {seconds:.1f}s")
             for line in service_lines(plan):
                 say(line)
+            outcome.jobs_s = await deployment.wait_jobs(settings.jobs_timeout_s)
+            for where, seconds in sorted(outcome.jobs_s.items(), key=lambda kv: kv[1]):
+                say(f"job completed: {where} after {seconds:.1f}s")
             if settings.cycle:
                 outcome.cycle = await run_cycle(plan, deployment, admin, settings, say)
             if settings.hold_s:
@@ -166,33 +175,66 @@ async def deploy_local(settings: LocalSettings, say: Say) -> Outcome:
 async def run_cycle(
     plan: Plan, deployment: LocalDeployment, admin: KafkaConfig, settings: LocalSettings, say: Say
 ) -> cycle.CycleResult:
-    """Cold start, sessions, a new version published and served (:mod:`.cycle`)."""
+    """The cold start's version served, then sessions as an ordinary client in rounds of
+    ``settings.sessions`` until the learner announces a new version, which is served
+    (:mod:`.cycle`)."""
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
-    version = await cycle.bootstrap(plan, admin)
-    seconds["bootstrap"] = time.monotonic() - t0
-    say(f"cold start: initial version {version} published and announced")
+    deadline = t0 + settings.cycle_timeout_s
     rollout = plan.address("rollout", _grpc_port(plan, "rollout"))
-    await cycle.make_live(plan, rollout, version, settings.cycle_timeout_s)
-    seconds["make_live"] = time.monotonic() - t0
-    say(f"operator: version {version} made live through RolloutService")
+    live = await cycle.live_version(plan, rollout, settings.cycle_timeout_s)
+    if not live.isdigit():
+        raise DeploymentError("cycle", [f"no learned version live after the Jobs: {live!r}"])
+    await cycle.wait_served(settings.v2.grpc, int(live), settings.cycle_timeout_s)
+    seconds["live_served"] = time.monotonic() - t0
+    say(f"cold start: version {live} live (the bootstrap Job) and served")
     orchestrator = plan.address("orchestrator", _grpc_port(plan, "orchestrator"))
-    results = await cycle.run_sessions(
-        plan, orchestrator, settings.sessions, settings.cycle_timeout_s
-    )
-    seconds["sessions"] = time.monotonic() - t0
-    say(f"{len(results)} sessions submitted as trainer and finished")
     assert plan.operator.policy_keys is not None
     trusted = TrustedKeys.load(str(plan.operator.policy_keys.public_path))
-    published = await cycle.wait_published(admin, version, trusted, settings.cycle_timeout_s)
+    submitted, published = 0, 0
+    while not published:
+        remaining = deadline - time.monotonic()
+        results = await cycle.run_sessions(plan, orchestrator, settings.sessions, remaining)
+        submitted += len(results)
+        say(f"{submitted} sessions submitted as {cycle.CLIENT} (not trainer) and finished")
+        wait = min(30.0, max(deadline - time.monotonic(), 1.0))
+        try:
+            published = await cycle.wait_published(admin, int(live), trusted, wait)
+        except PodiumError:
+            if time.monotonic() > deadline:
+                raise
     seconds["published"] = time.monotonic() - t0
     say(f"learner: version {published} announced (PolicyUpdated, signed by the deployment key)")
     await cycle.wait_served(settings.v2.grpc, published, settings.cycle_timeout_s)
     seconds["served"] = time.monotonic() - t0
     say(f"V2 server: {published} ready")
+    await rerun_jobs(plan, deployment, rollout, live, settings, say)
+    seconds["jobs_again"] = time.monotonic() - t0
     if deployment.exited():
         raise DeploymentError("cycle", [f"{w} exited {c}" for w, c in deployment.exited().items()])
-    return cycle.CycleResult(version, len(results), published, seconds)
+    return cycle.CycleResult(int(live), submitted, published, seconds)
+
+
+async def rerun_jobs(
+    plan: Plan,
+    deployment: LocalDeployment,
+    rollout: str,
+    live: str,
+    settings: LocalSettings,
+    say: Say,
+) -> None:
+    """The Jobs applied again complete again and change nothing: the cold start is idempotent
+    (the version live stays ``live``)."""
+    await deployment.rerun_jobs()
+    await deployment.wait_jobs(settings.jobs_timeout_s)
+    for c in plan.jobs:
+        last = deployment.log_tail(c, 400).strip().splitlines()[-1:]
+        say(f"job {c.where} applied again: {last[0] if last else 'no output'}")
+    again = await cycle.live_version(plan, rollout, settings.cycle_timeout_s)
+    if again != live:
+        raise DeploymentError(
+            "jobs", [f"applied again, the Jobs moved live from {live} to {again}"]
+        )
 
 
 def service_lines(plan: Plan) -> list[str]:

@@ -14,11 +14,13 @@ Everything a rendered container says is used exactly as rendered, except these s
 2. **Operator Secrets.** A rendered Secret with a ``REPLACE-ME`` placeholder is one the
    operator must create (docs/operations.md); it is generated, by the shape of its keys:
    ``tls.crt``/``tls.key`` a CA-signed certificate for 127.0.0.1/localhost (the CA in
-   ``<work>/grpc-tls/ca.pem`` for clients), ``tokens.yaml`` a token table with one token per
-   role (``trainer``: plugin, so the sessions it submits are sampled for training, as
-   ``PODIUM_POLICY_SAMPLE_FROM`` defaults; ``reviewer``; ``operator``; the tokens in
-   ``<work>/tokens/<name>.token``), a ``*.pem`` the policy signing key and a ``*.pub`` its
-   public half (one pair, ``<work>/policy-keys``). Any other placeholder is an error.
+   ``<work>/grpc-tls/ca.pem`` for clients), ``ca.crt`` that CA, ``tokens.yaml`` a token table
+   with a token per principal (``user``: plugin, an ordinary client; ``trainer``: plugin, so
+   the sessions it submits are sampled for training, as ``PODIUM_POLICY_SAMPLE_FROM`` defaults;
+   ``reviewer``; ``operator``; the tokens in ``<work>/tokens/<name>.token``), a
+   ``<principal>.token`` that principal's token (the cold-start Job's ``operator.token``), a
+   ``*.pem`` the policy signing key and a ``*.pub`` its public half (one pair,
+   ``<work>/policy-keys``). Any other placeholder is an error.
 3. **Non-Podium images.** The workload behind the Service that a Podium container's ``v2://``
    setting names (Triton, or a CPU KServe-V2 server) is the local V2 server: that Service's
    named port resolves to its gRPC address, a port named ``http`` to its HTTP address, and
@@ -53,8 +55,17 @@ from podium_app.kafka_auth import make_tls
 PLACEHOLDER = "REPLACE-ME"
 """How the manifests mark a Secret value the operator must provide."""
 
-TOKEN_ROLES = {"trainer": ["plugin"], "reviewer": ["reviewer"], "operator": ["operator"]}
+TOKEN_ROLES = {
+    "user": ["plugin"],
+    "trainer": ["plugin"],
+    "reviewer": ["reviewer"],
+    "operator": ["operator"],
+}
 """The generated token table: principal -> roles."""
+
+
+TLS_FILES = {"tls.crt": "broker.pem", "tls.key": "broker.key", "ca.crt": "ca.pem"}
+"""Secret key -> the file of ``make_tls``'s directory it holds (certificate, key, CA)."""
 
 
 @dataclass(frozen=True)
@@ -134,13 +145,15 @@ def operator_secrets(
             continue
         made: dict[str, str] = {}
         for key in data:
-            if key in ("tls.crt", "tls.key"):
+            if key in TLS_FILES:
                 tls = make_tls(work / "grpc-tls")
                 grpc_ca = tls.ca
-                made["tls.crt"] = (work / "grpc-tls" / "broker.pem").read_text()
-                made["tls.key"] = (work / "grpc-tls" / "broker.key").read_text()
+                made[key] = (work / "grpc-tls" / TLS_FILES[key]).read_text()
             elif key == "tokens.yaml":
                 made[key], tokens = _token_table(work / "tokens")
+            elif key.endswith(".token") and key.removesuffix(".token") in TOKEN_ROLES:
+                _, tokens = _token_table(work / "tokens")
+                made[key] = tokens[key.removesuffix(".token")].read_text()
             elif key.endswith(".pem"):
                 keys = ensure_key_pair(work / "policy-keys")
                 made[key] = keys.private_path.read_text()

@@ -15,6 +15,7 @@ from test_kustomize import (
     _by_name,
     _container,
     _env,
+    _jobs,
     _pod,
     _render,
     _workloads,
@@ -23,6 +24,8 @@ from test_kustomize import (
 from podium import metrics, topics
 
 PODIUM_SERVICES = ("orchestrator", "subagent", "reward", "learner", "rollout")
+KAFKA_CLIENTS = (*PODIUM_SERVICES, "bootstrap")
+"""Whoever logs in to Kafka: the services and the cold-start Job (as the learner's user)."""
 NAMESPACE = "podium"
 KAFKA_BROKER = {"strimzi.io/cluster": "podium-kafka", "strimzi.io/kind": "Kafka"}
 ENTITY_OPERATOR = {
@@ -125,9 +128,10 @@ def _connects(
 
 
 def _pods(docs: list[dict[str, Any]]) -> dict[str, Pod]:
+    """The pods of every workload and Job, by its name."""
     return {
         name: _here(dict(w["spec"]["template"]["metadata"]["labels"]))
-        for name, w in _workloads(docs).items()
+        for name, w in {**_workloads(docs), **_jobs(docs)}.items()
     }
 
 
@@ -144,6 +148,7 @@ def test_network_policy_denies_by_default_and_allows_what_the_loop_needs(overlay
         (pods["orchestrator"], pods["triton"], 8001),
         (INGRESS_NGINX, pods["orchestrator"], 50051),
         (pods["rollout"], pods["rollout"], 50061),  # `kubectl exec ... podium rollout`
+        (pods["bootstrap"], pods["rollout"], 50061),  # the cold-start Job, as an operator
     ]
     for name in PODIUM_SERVICES:
         needed += [
@@ -160,7 +165,7 @@ def test_network_policy_denies_by_default_and_allows_what_the_loop_needs(overlay
     # Kafka pods' ingress is the policy Strimzi generates (the listener's peers, below);
     # ours is the egress side: the services to the listener, brokers and controllers to each
     # other, the entity operator to the brokers and the API server.
-    for name in PODIUM_SERVICES:
+    for name in KAFKA_CLIENTS:
         assert _allowed(policies, "Egress", pods[name], broker, 9093, "TCP"), name
     assert _allowed(policies, "Egress", broker, broker, 9090, "TCP")
     assert _allowed(policies, "Egress", _here(ENTITY_OPERATOR), broker, 9091, "TCP")
@@ -174,6 +179,9 @@ def test_network_policy_denies_by_default_and_allows_what_the_loop_needs(overlay
         (INGRESS_NGINX, pods["triton"], 8001),
         (pods["triton"], broker, 9093),
         (pods["subagent"], pods["learner"], 9464),
+        (pods["bootstrap"], pods["triton"], 8001),
+        (pods["bootstrap"], pods["orchestrator"], 50051),
+        (pods["orchestrator"], pods["rollout"], 50061),
     ]
     for source, dest, port in refused:
         assert not _connects(policies, source, dest, port), (source, dest, port)
@@ -181,15 +189,16 @@ def test_network_policy_denies_by_default_and_allows_what_the_loop_needs(overlay
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_kafka_listener_admits_the_podium_services_only(overlay: str) -> None:
-    """Strimzi generates the brokers' ingress policy from the listener's peers."""
+    """Strimzi generates the brokers' ingress policy from the listener's peers: the services
+    and the cold-start Job, nothing else."""
     docs = _render(overlay)
     (kafka,) = _by_name(docs, "Kafka").values()
     pods = _pods(docs)
     for listener in kafka["spec"]["kafka"]["listeners"]:
         peers = listener["networkPolicyPeers"]
-        for name in PODIUM_SERVICES:
+        for name in KAFKA_CLIENTS:
             assert any(_peer_matches(p, pods[name]) for p in peers), (listener["name"], name)
-        for name in set(pods) - set(PODIUM_SERVICES):
+        for name in set(pods) - set(KAFKA_CLIENTS):
             assert not any(_peer_matches(p, pods[name]) for p in peers), (listener["name"], name)
 
 

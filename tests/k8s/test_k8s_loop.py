@@ -128,6 +128,43 @@ def test_readers_mount_what_announcements_point_to_at_the_learners_paths(overlay
             assert (claim, read_only) == (written, True), (reader, var)
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_cold_start_job_publishes_as_the_learner_and_acts_as_an_operator(overlay: str) -> None:
+    """The bootstrap Job writes the initial version where the learner writes its versions (the
+    same claims at the same paths, writable), signs with the learner's key, logs in to Kafka as
+    the learner's user, and calls RolloutService with an operator token over TLS; a setting
+    the Job names is a setting the learner has (its paths are the learner's); and the
+    orchestrators explore, so the loop goes on without a trainer client."""
+    docs = _render(overlay)
+    workloads = _workloads(docs)
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    container = _container(job)
+    assert container["command"] == ["podium", "rollout", "bootstrap"]
+    env, learner_env = _env(container), _env(_container(workloads["learner"]))
+    for var in ("PODIUM_LEARNER_ARTIFACTS", "PODIUM_MODEL_REPOSITORY", "PODIUM_POLICY_SIGNING_KEY"):
+        assert env[var] == learner_env[var], var
+    for var in ("PODIUM_LEARNER_ARTIFACTS", "PODIUM_MODEL_REPOSITORY"):
+        path = learner_env[var] + "/swarm_policy/1/file"
+        assert _mounted_claim(job, path) == (_mounted_claim(workloads["learner"], path)[0], False)
+    volumes = {v["name"]: v for v in _pod(job)["volumes"]}
+    mounts = _mounts(job, container)
+    key_dir = env["PODIUM_POLICY_SIGNING_KEY"].rsplit("/", 1)[0]
+    assert mounts[key_dir]["secret"]["secretName"] == "podium-policy-signing-key"
+    secrets = {v["name"]: v.get("secret", {}).get("secretName") for v in volumes.values()}
+    token_dir = env["PODIUM_TOKEN_FILE"].rsplit("/", 1)[0]
+    assert mounts[token_dir]["secret"]["secretName"] == "podium-bootstrap"
+    assert env["PODIUM_GRPC_CA"].startswith(token_dir + "/")
+    assert "podium-bootstrap" in secrets.values()
+    bus = next(e for e in container["env"] if e["name"] == "PODIUM_BUS")["value"]
+    assert "sasl_username=learner&" in bus
+    rollout = _by_name(docs, "Service")["rollout"]["spec"]["ports"]
+    assert env["PODIUM_ROLLOUT_ADDRESS"] in {f"rollout:{p['port']}" for p in rollout}
+    # From then on the loop needs no trainer client: the orchestrators sample a share of live
+    # sessions (the learner trains only on sampled ones).
+    share = float(_env(_container(workloads["orchestrator"]))["PODIUM_EXPLORE_SHARE"])
+    assert 0 < share <= (0.5 if overlay == "dev" else 0.1), share
+
+
 def _gpu_requests(docs: list[dict[str, Any]]) -> dict[str, str]:
     out = {}
     for name, workload in _workloads(docs).items():

@@ -12,7 +12,7 @@ import pytest
 from test_kustomize import OVERLAYS, _by_name, _container, _env, _render, _workloads
 
 from podium import topics
-from podium.bus import partition_transactional_id
+from podium.bus import KafkaConfig, partition_transactional_id
 from podium.bus.kafka import SASL_PASSWORD_ENV
 from podium.config import from_env
 from podium_app.kafka_auth import SERVICES, service_grants
@@ -166,3 +166,51 @@ def test_reward_replicas_share_stable_per_partition_transactional_ids(overlay: s
     assert any(txn.startswith(p) for p in allowed), (txn, allowed)
     groups = [g.prefix for g in service_grants("reward") if g.resource == "GROUP"]
     assert any(config.group_id.startswith(p) for p in groups), (config.group_id, groups)
+
+
+def _bus_urls(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """``PODIUM_BUS`` of every container of every pod template (workloads and Jobs)."""
+    out = {}
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "StatefulSet", "Job"):
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            for e in c.get("env", []):
+                if e["name"] == "PODIUM_BUS":
+                    out[f"{doc['kind']}/{doc['metadata']['name']}/{c['name']}"] = e["value"]
+    return out
+
+
+def _floor_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Bus URLs whose ``replication_factor`` (the floor of topics KafkaBus creates) is not the
+    cluster's ``default.replication.factor``: below it, a topic a service creates before the
+    Topic Operator would have fewer copies than acks=all needs."""
+    (kafka,) = _by_name(docs, "Kafka").values()
+    wanted = int(kafka["spec"]["kafka"]["config"]["default.replication.factor"])
+    problems = []
+    for where, url in _bus_urls(docs).items():
+        floor = KafkaConfig.from_url(url, sasl_password="from-secret").replication_factor
+        if floor != wanted:
+            problems.append(f"{where}: replication_factor {floor}, the cluster's is {wanted}")
+    return problems
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_bus_url_carries_the_clusters_replication_floor(overlay: str) -> None:
+    docs = _render(overlay)
+    assert len(_bus_urls(docs)) >= 5  # the five services (and the bootstrap Job)
+    assert _floor_problems(docs) == []
+    floors = {KafkaConfig.from_url(u).replication_factor for u in _bus_urls(docs).values()}
+    assert floors == ({1} if overlay == "dev" else {3})
+    assert max(floors) <= _brokers(docs)
+
+
+def test_a_prod_bus_url_without_the_floor_fails() -> None:
+    docs = _render("prod")
+    orchestrator = _workloads(docs)["orchestrator"]
+    for e in _container(orchestrator)["env"]:
+        if e["name"] == "PODIUM_BUS":
+            e["value"] = e["value"].replace("&replication_factor=3", "")
+    assert _floor_problems(docs) == [
+        "Deployment/orchestrator/orchestrator: replication_factor 1, the cluster's is 3"
+    ]

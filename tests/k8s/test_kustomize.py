@@ -80,6 +80,11 @@ def _workloads(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] in WORKLOAD_KINDS}
 
 
+def _jobs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Jobs by name (the cold start, k8s/base/bootstrap.yaml)."""
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "Job"}
+
+
 def _pod(workload: dict[str, Any]) -> dict[str, Any]:
     return dict(workload["spec"]["template"]["spec"])
 
@@ -129,7 +134,13 @@ def _read_by(*classes: type[Any]) -> set[str]:
 
 
 def _settings_of(container: dict[str, Any]) -> tuple[type[Any], ...]:
-    """The config classes the service in ``container`` reads, by its command and mode."""
+    """The config classes the service in ``container`` reads, by its command and mode (the
+    ``podium rollout bootstrap`` Job: its own, the learner's and the rollout client's)."""
+    if container["command"][:3] == ["podium", "rollout", "bootstrap"]:
+        from podium_app.bootstrap import BootstrapSettings
+        from podium_app.commands.rollout import ClientConfig
+
+        return (BootstrapSettings, SwarmSettings, ClientConfig)
     module = container["command"][-1]
     mode = _env(container).get("PODIUM_LEARNER_MODE", "stats")
     table: dict[str, tuple[type[Any], ...]] = {
@@ -159,7 +170,9 @@ def test_workloads_follow_operating_rules(overlay: str) -> None:
     docs = _render(overlay)
     workloads = _workloads(docs)
     assert {"orchestrator", "subagent", "reward", "learner", "rollout", "triton"} <= set(workloads)
-    for name, workload in workloads.items():
+    jobs = _jobs(docs)
+    assert set(jobs) == {"bootstrap"}
+    for name, workload in {**workloads, **jobs}.items():
         pod = _pod(workload)
         assert pod["securityContext"]["runAsNonRoot"] is True, name
         for c in pod["containers"] + pod.get("initContainers", []):
@@ -168,6 +181,10 @@ def test_workloads_follow_operating_rules(overlay: str) -> None:
             assert c["resources"]["requests"]["cpu"], where
             assert c["securityContext"]["allowPrivilegeEscalation"] is False, where
             assert c["securityContext"]["readOnlyRootFilesystem"] is True, where
+        if name in jobs:
+            # A Job's pod runs to completion, once: never restarted in place by the kubelet.
+            assert pod["restartPolicy"] == "Never", name
+            continue
         for c in pod["containers"]:
             assert "readinessProbe" in c and "livenessProbe" in c, f"{name}/{c['name']}"
     assert all(d["metadata"].get("namespace") == "podium" for d in docs if d["kind"] != "Namespace")
@@ -210,7 +227,7 @@ def test_every_setting_a_podium_container_gets_is_read_by_its_service(overlay: s
     """A variable that no config of the service reads is a silent no-op in a cluster (the
     issue found PODIUM_SERVICE_NAME and a health port nothing read)."""
     docs = _render(overlay)
-    for name, workload in _workloads(docs).items():
+    for name, workload in {**_workloads(docs), **_jobs(docs)}.items():
         for c in _podium_containers(workload):
             read = _read_by(*_settings_of(c)) | OTEL_READ | {SASL_PASSWORD_ENV}
             given = set(_common_env(docs, c)) | {e["name"] for e in c.get("env", [])}
@@ -229,7 +246,7 @@ def test_every_podium_container_config_parses_from_its_rendered_env(
     placeholder = tmp_path / "mounted"
     placeholder.mkdir()
     (placeholder / "file").write_text("x")
-    for name, workload in _workloads(docs).items():
+    for name, workload in {**_workloads(docs), **_jobs(docs)}.items():
         for c in _podium_containers(workload):
             env = {**_common_env(docs, c), **_env(c), SASL_PASSWORD_ENV: "from-secret"}
             for key, value in env.items():

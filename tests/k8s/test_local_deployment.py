@@ -7,16 +7,20 @@ the overlay's consumer groups and the standard topics are its own, as in a new c
 Triton by the real KServe-V2 server of tests/conftest.py.
 
 * The dev overlay passes the static check (every env var read by a config, transactional ids
-  that fence), every readiness probe passes on its rendered port, and one learning cycle runs:
-  the operator's cold start made live through RolloutService, sessions through SessionService
-  over TLS with a token, a learner version announced, signed, and served by the V2 server.
+  that fence), every readiness probe passes on its rendered port, the cold-start Job
+  (``bootstrap``: a behaviour clone published with the learner's key and made live through
+  RolloutService) completes, and the loop learns with no human step: sessions submitted
+  through SessionService over TLS with an ordinary client's token (``user``, not ``trainer``)
+  are sampled by the orchestrator's exploration share, the learner trains on them, and its
+  version is announced, signed, and served by the V2 server. The Job applied again completes
+  and changes nothing.
 * Mutations of the overlay, as kustomize patches, each fail with a message naming the
   container: an env var no config reads; reward replicas whose transactional-id prefix is the
   pod name (a partition moving between them is not fenced); the retired per-replica
   transactional id (the service refuses it: exit 2); a readiness probe and a liveness probe
   on ports nothing serves. Each caught mutation is printed (``-s``) for the closing note.
 
-A system-level test (about a minute and a half): it runs with the system suites
+A system-level test (about two minutes): it runs with the system suites
 (scripts/test.sh SYSTEM_SUITES).
 """
 
@@ -143,10 +147,18 @@ async def test_dev_overlay_comes_up_and_learns(
     services = {c.container.workload for c in plan.containers}
     assert {"orchestrator", "subagent", "reward", "learner", "rollout"} <= services
     assert set(outcome.ready_s) == {c.where for c in plan.containers}
+    # The cold start is the deployment's own Job, not a step of the test.
+    assert set(outcome.jobs_s) == {"bootstrap-0/bootstrap"}
     cycle = outcome.cycle
     assert cycle is not None
+    assert cycle.bootstrap_version >= 1
     assert cycle.published > cycle.bootstrap_version
-    assert cycle.sessions == settings.sessions
+    assert cycle.sessions >= settings.sessions and cycle.sessions % settings.sessions == 0
+    assert any(
+        "applied again: podium rollout bootstrap: none; learned version live: "
+        f"{cycle.bootstrap_version}" in line
+        for line in lines
+    ), lines
     # Every service stopped gracefully on SIGTERM.
     assert all(code == 0 for code in outcome.exit_codes.values()), outcome.exit_codes
     print(

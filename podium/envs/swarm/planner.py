@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from podium.envs.swarm.env import SwarmEnv
     from podium.envs.swarm.pool import SubagentPool
     from podium.envs.swarm.state import SwarmState
+    from podium.observed import AgentStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +82,12 @@ class PlannerConfig:
 MODELS = ("truth", "estimates")
 """Values of :attr:`PlannerConfig.model`."""
 
-MAX_ENGINES = 16
-"""cpls engines kept, one per model pool (each caches ranks for its pool), and episodes whose
-estimated pool is remembered."""
+MAX_ENGINES = 64
+"""cpls engines kept, one per model pool (each caches ranks for its pool)."""
+
+MAX_EPISODES = 1024
+"""Episodes in flight whose estimated pool is remembered (one planner may drive many
+environments in lockstep: training runs 32)."""
 
 
 class RolloutPlanner:
@@ -111,6 +115,9 @@ class RolloutPlanner:
         # several environments in lockstep), so every decision of one episode plans on one
         # model, as cpls-online's do.
         self._episodes: OrderedDict[int, tuple[SwarmState, SubagentPool]] = OrderedDict()
+        # (store, its version, advertised pool, the estimate): held, not keyed by id, so a
+        # store that dies cannot hand its estimate to a new one at the same address.
+        self._latest: tuple[AgentStats, int, SubagentPool, SubagentPool] | None = None
 
     @property
     def version(self) -> str:
@@ -125,12 +132,32 @@ class RolloutPlanner:
         state = env.state
         hit = self._episodes.get(id(state))
         if hit is None or hit[0] is not state:
-            stats = getattr(env, "stats", None)
-            hit = (state, env.pool if stats is None else estimated_pool(stats, env.pool))
+            hit = (state, self._estimate(env))
             self._episodes[id(state)] = hit
-            while len(self._episodes) > MAX_ENGINES:
+            while len(self._episodes) > MAX_EPISODES:
                 self._episodes.popitem(last=False)
         return hit[1]
+
+    def _estimate(self, env: SwarmEnv) -> SubagentPool:
+        """The store's estimate of ``env``'s pool now: one object per store version, so the
+        episodes that start between two records share it and its cpls engine's caches."""
+        stats = getattr(env, "stats", None)
+        if stats is None:
+            return env.pool
+        latest = self._latest
+        if (
+            latest is None
+            or latest[0] is not stats
+            or latest[1] != stats.version
+            or latest[2] is not env.pool
+        ):
+            latest = self._latest = (
+                stats,
+                stats.version,
+                env.pool,
+                estimated_pool(stats, env.pool),
+            )
+        return latest[3]
 
     def cpls(self, model: SubagentPool) -> CplsPolicy:
         """The cpls engine that plans on ``model`` (the last few models' engines are kept)."""
