@@ -568,6 +568,11 @@ class KafkaBus(Bus):
             **self.config.client_kwargs(),
             isolation_level="read_committed",
             enable_auto_commit=False,
+            # Retention may have deleted the range's head: a seek below the log start is out
+            # of range, and "latest" would then skip to the end (read nothing). "earliest"
+            # starts at the log start instead, with no extra request when nothing was deleted
+            # (asking the log start first slowed every ledger read after a broker restart).
+            auto_offset_reset="earliest",
         )
         tp = TopicPartition(topic, partition)
         try:
@@ -575,9 +580,6 @@ class KafkaBus(Bus):
             consumer.assign([tp])
             end = (await consumer.end_offsets([tp]))[tp]
             stop = end if stop is None else min(stop, end)
-            # Retention may have deleted the range's head: seeking below the log start would
-            # be out of range, and the reset policy would then skip to the end (read nothing).
-            start = max(start, (await consumer.beginning_offsets([tp]))[tp])
             if start >= stop:
                 return
             consumer.seek(tp, start)
