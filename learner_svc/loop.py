@@ -76,7 +76,7 @@ from learner_svc.config import LoopConfig
 from learner_svc.lineage import Lineage, announced_weights, decode_transition, follow
 from podium import codec
 from podium.bus.base import Bus, Record, Subscriber
-from podium.bus.consumer import EventPublisher, publish_dead_letter
+from podium.bus.consumer import EventPublisher, consume_span, publish_dead_letter
 from podium.errors import DecodeError, PodiumError
 from podium.metrics import (
     lag_by_topic,
@@ -269,7 +269,11 @@ class LearningLoop(Generic[SampleT]):
             return None
         st.offsets.setdefault(record.topic, {})[record.partition] = record.offset + 1
         try:
-            accepted = self._sample(record)
+            envelope, scored = codec.decode_event(record.value, reward_pb2.ScoredTrajectory)
+            # In the session's trace, as every other consumer of its events: the learner's
+            # part of a session shows in the trace backend beside the services'.
+            with consume_span(envelope, record, self.config.group_id):
+                accepted = self._sample(scored)
         except Exception as exc:
             # Whatever turning this record into training data raised, it is about the record
             # (decoding is pure): parked for a human, never a crash loop of the learner.
@@ -282,16 +286,15 @@ class LearningLoop(Generic[SampleT]):
             return None
         return accepted
 
-    def _sample(self, record: Record) -> tuple[SampleT, int] | None:
-        """The training sample in ``record`` and the version that acted, or None when it is
+    def _sample(self, scored: reward_pb2.ScoredTrajectory) -> tuple[SampleT, int] | None:
+        """The training sample in ``scored`` and the version that acted, or None when it is
         stale or off-policy (counted).
 
-        Raises whatever makes the record unusable (``DecodeError`` for bytes, a malformed
+        Raises whatever makes the record unusable (a malformed
         ``policy_version``, bad tensors, a non-finite number; ``ProcessingError``; or an
         algorithm's surprise).
         """
         st = self.state
-        _, scored = codec.decode_event(record.value, reward_pb2.ScoredTrajectory)
         behaviour = version_number(scored.trajectory.policy_version)
         lag = self.lineage.lag(behaviour)
         if lag is None or lag > self.config.max_policy_lag:

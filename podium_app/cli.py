@@ -78,7 +78,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "kafka": (
         "podium_app.commands.kafka",
-        "Fetch, start, stop a local single-node Apache Kafka broker (KRaft) for development.",
+        "Fetch, start, stop a local single-node Apache Kafka broker (KRaft) for development;"
+        " tail any topic as JSON lines.",
     ),
     "deploy": (
         "podium_app.commands.deploy",

@@ -32,6 +32,10 @@ export PATH="$PATH:$CACHE/go-bin"
 # The strict manifest checker (tools/k8s-check, Go) and Strimzi's CRD schemas, built once per
 # source hash and Strimzi version into the cache (tests/k8s/test_k8s_strict.py).
 bash tools/k8s-check/install.sh >/dev/null
+# Jaeger, the trace backend the local deployment runs (tests/k8s/test_local_deployment.py),
+# built once per version from the Go module proxy into the cache.
+jaeger_line="$(bash scripts/jaeger.sh)"
+export "$jaeger_line" # PODIUM_JAEGER=<the binary>
 
 # Each run gets its own broker directory, so a developer's broker is left alone.
 KAFKA_DIR="$(mktemp -d /tmp/podium-kafka.XXXXXX)"

@@ -272,7 +272,7 @@ _GPU_COMMENTS = (
     "GPU path: TensorRT execution accelerator in fp16. fp16 arithmetic moves logits by far",
     "more than the 1e-4 fp32 parity tolerance, which is a CPU (fp32) guarantee. LayerNorm",
     "stays fp32 inside the engine (it overflows in fp16). Engines are built per input shape",
-    "and cached across restarts at /cache/tensorrt (a volume in k8s/base/triton.yaml).",
+    "and cached across restarts at /cache/tensorrt (a volume in k8s/overlays/prod/gpu.yaml).",
 )
 """Header lines added on the GPU path."""
 

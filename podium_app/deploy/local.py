@@ -53,7 +53,7 @@ class DeploymentError(PodiumError):
 
 def check(plan: Plan) -> list[str]:
     """The static problems of the plan (empty = none)."""
-    everything = [*plan.init, *plan.containers, *plan.jobs]
+    everything = [c for c in (*plan.init, *plan.containers, *plan.jobs) if c.podium]
     services = [c.container for c in everything if not runs_cli(c.argv)]
     commands = [c.container for c in everything if runs_cli(c.argv)]
     problems = unread_variables(services, read_variables())
@@ -149,7 +149,11 @@ class LocalDeployment:
         return proc
 
     async def start(self, init_timeout_s: float = 120.0) -> None:
-        """Init containers to completion (in order), then every container."""
+        """The stand-ins run as processes (the trace backend) first, so every span is
+        received; then init containers to completion (in order), then every container."""
+        for c in self.plan.containers:
+            if not c.podium:
+                await self._spawn(c)
         failed = []
         for c in self.plan.init:
             proc = await self._spawn(c)
@@ -163,7 +167,8 @@ class LocalDeployment:
         if failed:
             raise DeploymentError("init containers", failed)
         for c in (*self.plan.containers, *self.plan.jobs):
-            await self._spawn(c)
+            if c.podium:
+                await self._spawn(c)
 
     async def rerun_jobs(self) -> None:
         """Start every Job's container again, as a Job deleted and applied again would."""
@@ -239,17 +244,23 @@ class LocalDeployment:
 
     async def stop(self) -> dict[str, int]:
         """SIGTERM every process, SIGKILL what is left after its pod's grace period, as the
-        kubelet does; the exit statuses."""
+        kubelet does; the exit statuses. The stand-ins (the trace backend) stop after the
+        Podium processes, which export their last spans as they stop."""
         everything = (*self.plan.init, *self.plan.containers, *self.plan.jobs)
         grace = {c.where: c.container.grace_s for c in everything}
-        for proc in self.procs.values():
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-        codes = await asyncio.gather(*(self._reap(w, p, grace[w]) for w, p in self.procs.items()))
+        last = {c.where for c in everything if not c.podium}
+        codes: dict[str, int] = {}
+        for stage in (False, True):
+            procs = {w: p for w, p in self.procs.items() if (w in last) == stage}
+            for proc in procs.values():
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(signal.SIGTERM)
+            reaped = await asyncio.gather(*(self._reap(w, p, grace[w]) for w, p in procs.items()))
+            codes.update(zip(procs, reaped, strict=True))
         for log in self._logs:
             log.close()
-        return dict(zip(self.procs, codes, strict=True))
+        return codes
 
     async def _reap(self, where: str, proc: asyncio.subprocess.Process, grace_s: float) -> int:
         try:

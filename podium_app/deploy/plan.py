@@ -5,7 +5,9 @@ here. The rules, each applied the same way to every container (docs/operations.m
 
 * **Which containers run.** Every container and init container of a Deployment/StatefulSet/Job
   pod whose image is a Podium image (repository ``.../podium`` or ``podium``, any tag); a Job's
-  containers run to completion (``Plan.jobs``). The rest are stood in for (:mod:`.standins`).
+  containers run to completion (``Plan.jobs``). The rest are stood in for (:mod:`.standins`);
+  the trace backend runs as the Jaeger binary when one is given (:func:`backend`: a container
+  with ``podium`` false, which the static check skips, started first and stopped last).
 * **Ports.** Pods share loopback, so each pod's ports are remapped to free local ports, one
   table per pod: every declared ``containerPort``, every probe's port, and the value of
   every variable named ``*_PORT`` that holds a port number (an image's ``ENV`` included) get a
@@ -33,7 +35,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,9 +45,14 @@ from podium_app.deploy.manifest import JOB_KINDS, Container, Objects, Pod, Probe
 from podium_app.deploy.render import ROOT
 from podium_app.deploy.standins import (
     BrokerAccess,
+    JaegerPorts,
     OperatorFiles,
     V2Access,
     all_services,
+    is_collector,
+    is_trace_backend,
+    jaeger_config,
+    jaeger_ports,
     operator_secrets,
     selects,
     strimzi_secrets,
@@ -96,6 +103,9 @@ class LocalContainer:
     probes: tuple[tuple[Probe, str], ...]
     """Each declared probe and the ``127.0.0.1:<local port>`` it is sent to."""
     workdir: Path
+    podium: bool = True
+    """False for a stand-in run in place of a non-Podium image (the trace backend): the
+    static check skips it; it starts before and stops after the Podium containers."""
 
     @property
     def where(self) -> str:
@@ -119,6 +129,12 @@ class Plan:
     jobs: tuple[LocalContainer, ...] = ()
     """The containers of Job pods: run to completion beside the others (a failure fails the
     deployment)."""
+    trace_query: str = ""
+    """``host:port`` of the local Jaeger's query API (``/api/traces/<id>``) and UI; empty when
+    no trace backend runs."""
+    trace_otlp: str = ""
+    """``host:port`` of the local Jaeger's OTLP/gRPC receiver (where the collector's Service
+    resolves); empty when no trace backend runs."""
 
     def address(self, service: str, port: int) -> str:
         """The local address of ``service:port`` (any of its DNS names)."""
@@ -129,9 +145,15 @@ class Plan:
 
 
 def make_plan(
-    objects: Objects, work_dir: Path, broker: BrokerAccess, v2: V2Access, image: str = PODIUM_IMAGE
+    objects: Objects,
+    work_dir: Path,
+    broker: BrokerAccess,
+    v2: V2Access,
+    image: str = PODIUM_IMAGE,
+    jaeger: Path | None = None,
 ) -> Plan:
-    """Stand-ins added, pods listed, ports and addresses assigned, volumes materialized."""
+    """Stand-ins added, pods listed, ports and addresses assigned, volumes materialized;
+    ``jaeger``: the binary run for the trace backend (None: not run)."""
     generated, operator = operator_secrets(objects, work_dir)
     objects = objects.with_secrets({**strimzi_secrets(objects, broker), **generated})
     all_pods = tuple(pods(objects))
@@ -141,10 +163,23 @@ def make_plan(
         for c in (*p.init_containers, *p.containers)
         if is_podium_image(c.image, image)
     ]
+
+    def runs(c: Container) -> bool:
+        return is_podium_image(c.image, image) or (jaeger is not None and is_trace_backend(c.image))
+
     svcs = all_services(objects)
     v2_named = v2_services(ours, svcs)
-    ports = {p.name: _port_table(p, image) for p in all_pods}
-    addresses, replaced = _addresses(objects, all_pods, svcs, ports, broker, v2, v2_named, image)
+    ports = {p.name: _port_table(p, runs) for p in all_pods}
+    backends = {
+        c.where: (c, jaeger_ports(c, ports[p.name]))
+        for p in all_pods
+        for c in p.containers
+        if jaeger is not None and is_trace_backend(c.image)
+    }
+    trace_otlp = next((f"127.0.0.1:{j.otlp_grpc}" for _, j in backends.values()), "")
+    addresses, replaced = _addresses(
+        objects, all_pods, svcs, ports, broker, v2, v2_named, runs, trace_otlp
+    )
     v2_claims = _claims_of(all_pods, [s for s in svcs if s.name in v2_named])
     base_env = image_env()
     init: list[LocalContainer] = []
@@ -156,6 +191,11 @@ def make_plan(
             if is_podium_image(c.image, image):
                 local = localize(c, ports[pod.name], addresses, dirs, base_env, work_dir)
                 (init if c.init else jobs if pod.kind in JOB_KINDS else containers).append(local)
+            elif c.where in backends and jaeger is not None:
+                containers.append(
+                    backend(c, backends[c.where][1], ports[pod.name], jaeger, work_dir)
+                )
+    query = next((f"127.0.0.1:{j.query_http}" for _, j in backends.values()), "")
     return Plan(
         objects,
         all_pods,
@@ -166,7 +206,23 @@ def make_plan(
         operator,
         work_dir,
         tuple(jobs),
+        trace_query=query,
+        trace_otlp=trace_otlp,
     )
+
+
+def backend(
+    c: Container, jaeger_at: JaegerPorts, ports: Mapping[int, int], jaeger: Path, work_dir: Path
+) -> LocalContainer:
+    """The trace backend's container as the Jaeger binary on its generated config (its
+    image's command does not apply: the binary replaces the image)."""
+    home = work_dir / "pods" / c.pod / "home" / c.name
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "jaeger.yaml"
+    config.write_text(jaeger_config(jaeger_at))
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home)}
+    probes = tuple((p, f"127.0.0.1:{ports[p.port]}") for p in c.probes)
+    return LocalContainer(c, (str(jaeger), f"--config={config}"), env, probes, home, podium=False)
 
 
 _PORT_VAR = re.compile(r".*_PORT$")
@@ -181,12 +237,12 @@ def _port_numbers(c: Container, base_env: Mapping[str, str]) -> set[int]:
     return numbers
 
 
-def _port_table(pod: Pod, image: str) -> dict[int, int]:
-    """Container port -> free local port, for every port the pod's Podium containers use."""
+def _port_table(pod: Pod, runs: Callable[[Container], bool]) -> dict[int, int]:
+    """Container port -> free local port, for every port the pod's local containers use."""
     base_env = image_env()
     numbers: set[int] = set()
     for c in (*pod.init_containers, *pod.containers):
-        if is_podium_image(c.image, image):
+        if runs(c):
             numbers |= _port_numbers(c, base_env)
     return {n: free_port() for n in sorted(numbers)}
 
@@ -208,7 +264,8 @@ def _addresses(
     broker: BrokerAccess,
     v2: V2Access,
     v2_named: Mapping[str, str],
-    image: str,
+    runs: Callable[[Container], bool],
+    trace_otlp: str,
 ) -> tuple[dict[tuple[str, int], str], list[str]]:
     """Every (DNS name, port) of every Service -> a local address; the replaced workloads."""
     kafka = {f"{o['metadata']['name']}-kafka-bootstrap" for o in objects.kind("Kafka")}
@@ -216,16 +273,47 @@ def _addresses(
     replaced: dict[str, str] = {}
     for svc in svcs:
         backing = [p for p in all_pods if selects(svc, p)]
+        collector = bool(trace_otlp) and any(
+            is_collector(c.image) for p in backing for c in p.containers
+        )
         for sp in svc.ports:
-            address = _service_address(
-                svc, sp.name, sp.port, sp.target, backing, ports, broker, v2, v2_named, kafka, image
+            address = (
+                trace_otlp
+                if collector
+                else _service_address(
+                    svc,
+                    sp.name,
+                    sp.port,
+                    sp.target,
+                    backing,
+                    ports,
+                    broker,
+                    v2,
+                    v2_named,
+                    kafka,
+                    runs,
+                )
             )
             for dns in svc.dns_names():
                 out[(dns, sp.port)] = address
         for p in backing:
-            if not any(is_podium_image(c.image, image) for c in p.containers):
-                replaced[p.workload] = "the local V2 server" if svc.name in v2_named else "not run"
+            replaced.update(_replacement(p, svc.name in v2_named, collector, runs))
     return out, [f"{w}: {what}" for w, what in sorted(replaced.items())]
+
+
+def _replacement(
+    pod: Pod, v2: bool, collector: bool, runs: Callable[[Container], bool]
+) -> dict[str, str]:
+    """What stands in for ``pod``'s workload, if it is not a Podium one (docs/operations.md)."""
+    if any(runs(c) and not is_trace_backend(c.image) for c in pod.containers):
+        return {}  # a Podium workload
+    if any(runs(c) for c in pod.containers):
+        return {pod.workload: "the Jaeger binary (scripts/jaeger.sh), generated config"}
+    if v2:
+        return {pod.workload: "the local V2 server"}
+    if collector:
+        return {pod.workload: "not run: its Service is the local Jaeger's OTLP/gRPC receiver"}
+    return {pod.workload: "not run"}
 
 
 def _service_address(
@@ -239,7 +327,7 @@ def _service_address(
     v2: V2Access,
     v2_named: Mapping[str, str],
     kafka: set[str],
-    image: str,
+    runs: Callable[[Container], bool],
 ) -> str:
     if svc.name in kafka:
         return broker.bootstrap
@@ -250,7 +338,7 @@ def _service_address(
             return v2.http
         return DEAD.format(port=free_port())
     for pod in backing:
-        if any(is_podium_image(c.image, image) for c in pod.containers):
+        if any(runs(c) for c in pod.containers):
             number = _target_port(pod, target)
             if number is not None and number in ports[pod.name]:
                 return f"127.0.0.1:{ports[pod.name][number]}"
@@ -396,6 +484,7 @@ __all__ = [
     "PODIUM_IMAGE",
     "LocalContainer",
     "Plan",
+    "backend",
     "image_env",
     "is_podium_image",
     "localize",

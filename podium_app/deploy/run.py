@@ -3,8 +3,10 @@
 render -> stand-ins (a broker: ``--kafka`` or a fresh local one; the V2 server: ``--v2-*`` or
 ``$PODIUM_V2_*``) -> topics declared as ``KafkaTopic`` created as the Topic Operator would
 (partitions and config as rendered, one replica: one broker) -> plan -> static check ->
-processes (Jobs beside the rest) -> readiness -> Jobs completed (the cold start: the
-``bootstrap`` Job) -> (``cycle``) one learning cycle as a client -> stop (unless held).
+processes (Jobs beside the rest; the trace backend, when the Jaeger binary is found, first)
+-> readiness -> Jobs completed (the cold start: the ``bootstrap`` Job) -> (``cycle``) one
+learning cycle as a client, then one traced session found in the local Jaeger -> stop (unless
+held).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from podium_app.deploy.local import DeploymentError, LocalDeployment, check
 from podium_app.deploy.manifest import Objects, name_of
 from podium_app.deploy.plan import Plan, make_plan
 from podium_app.deploy.render import render
-from podium_app.deploy.standins import BrokerAccess, V2Access
+from podium_app.deploy.standins import BrokerAccess, V2Access, find_jaeger
 from podium_app.kafka_broker import KafkaBroker
 
 Say = Callable[[str], None]
@@ -54,6 +56,10 @@ class LocalSettings:
     cycle_timeout_s: float = 180.0
     hold_s: float = 0.0
     """Keep the deployment running this long after everything passed (``--hold``)."""
+    jaeger: Path | None = None
+    """The Jaeger binary run as the overlay's trace backend; None: ``$PODIUM_JAEGER`` or the
+    one ``scripts/jaeger.sh`` installed (:func:`~podium_app.deploy.standins.find_jaeger`),
+    and without one the trace backend is not run."""
 
 
 @dataclass
@@ -140,13 +146,16 @@ async def deploy_local(settings: LocalSettings, say: Say) -> Outcome:
     outcome = Outcome()
     objects = Objects.of(render(settings.overlay, settings.patches))
     async with broker_for(settings, say) as (broker, admin):
-        plan = make_plan(objects, settings.work_dir, broker, settings.v2)
+        jaeger = settings.jaeger or find_jaeger()
+        plan = make_plan(objects, settings.work_dir, broker, settings.v2, jaeger=jaeger)
         outcome.plan = plan
+        for line in plan.replaced:
+            say(f"stood in for: {line}")
         problems = check(plan)
         if problems:
             raise DeploymentError("check", problems)
         say(
-            f"checked: {len(plan.containers)} containers and {len(plan.jobs)} job(s), every env "
+            f"checked: {sum(c.podium for c in plan.containers)} containers and {len(plan.jobs)} job(s), every env "
             "var read, transactional ids fence"
         )
         created = await create_topics(plan.objects, admin)
@@ -210,9 +219,18 @@ async def run_cycle(
     say(f"V2 server: {published} ready")
     await rerun_jobs(plan, deployment, rollout, live, settings, say)
     seconds["jobs_again"] = time.monotonic() - t0
+    trace = None
+    if plan.trace_query:
+        trace = await cycle.traced_session(plan, orchestrator, settings.cycle_timeout_s)
+        seconds["trace"] = time.monotonic() - t0
+        say(
+            f"trace {trace.trace_id}: {len(trace.spans)} spans from "
+            f"{', '.join(sorted(trace.services))} in Jaeger "
+            f"(http://{plan.trace_query}/trace/{trace.trace_id})"
+        )
     if deployment.exited():
         raise DeploymentError("cycle", [f"{w} exited {c}" for w, c in deployment.exited().items()])
-    return cycle.CycleResult(int(live), submitted, published, seconds)
+    return cycle.CycleResult(int(live), submitted, published, seconds, trace)
 
 
 async def rerun_jobs(

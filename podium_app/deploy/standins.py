@@ -25,18 +25,31 @@ Everything a rendered container says is used exactly as rendered, except these s
    setting names (Triton, or a CPU KServe-V2 server) is the local V2 server: that Service's
    named port resolves to its gRPC address, a port named ``http`` to its HTTP address, and
    every PersistentVolumeClaim its pods mount is the V2 server's model repository (so the
-   learner exports where the server loads). Other non-Podium workloads (collector, trace
-   backend) are not run; their Services resolve to a loopback port nothing serves.
+   learner exports where the server loads). Other non-Podium workloads are not run (their
+   Services resolve to a loopback port nothing serves), except the trace backend:
+4. **The trace backend.** A Jaeger workload (image ``jaegertracing/all-in-one`` or
+   ``jaegertracing/jaeger``) runs as the Jaeger binary ``scripts/jaeger.sh`` builds from the
+   Go module proxy (Jaeger v2, itself an OpenTelemetry Collector distribution; found by
+   :func:`find_jaeger`) with a generated config (:func:`jaeger_config`): in-memory storage,
+   its OTLP/gRPC receiver on the container's ``otlp-grpc`` port, the query API and UI on its
+   ``ui`` port, its health check on its HTTP readiness probe's port and path (so the rendered
+   probe is what decides it is ready), each mapped through the pod's port table like a Podium
+   container's. The OpenTelemetry Collector workload (image ``otel/opentelemetry-collector*``)
+   is then not run: in the dev overlay it only forwards spans to Jaeger, so its Service
+   resolves to Jaeger's OTLP/gRPC receiver. Without the binary, neither runs (as in 3).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
+
+import yaml
 
 from podium.errors import ConfigError
 from podium.policy.signing import KeyPair, ensure_key_pair
@@ -51,6 +64,7 @@ from podium_app.deploy.manifest import (
     services,
 )
 from podium_app.kafka_auth import make_tls
+from podium_app.kafka_broker import free_port
 
 PLACEHOLDER = "REPLACE-ME"
 """How the manifests mark a Secret value the operator must provide."""
@@ -222,14 +236,151 @@ def all_services(objects: Objects) -> list[Service]:
     return services(objects) + strimzi_services(objects)
 
 
+TRACE_BACKEND_IMAGES = ("jaegertracing/all-in-one", "jaegertracing/jaeger")
+"""Image repositories of the trace backend the local deployment runs as the Jaeger binary."""
+COLLECTOR_IMAGES = (
+    "otel/opentelemetry-collector",
+    "otel/opentelemetry-collector-contrib",
+    "otel/opentelemetry-collector-k8s",
+)
+"""Image repositories of the OpenTelemetry Collector (a pass-through to the trace backend)."""
+JAEGER_ENV = "PODIUM_JAEGER"
+"""The Jaeger binary to run (``scripts/jaeger.sh`` prints it); unset: the cache's."""
+
+
+def _repository(image: str) -> str:
+    """``docker.io/jaegertracing/all-in-one:1.62.0`` -> ``jaegertracing/all-in-one``."""
+    path = image.split("@", 1)[0]
+    name = path.rsplit("/", 1)
+    last = name[-1].split(":", 1)[0]
+    parts = [*name[0].split("/")[-1:], last] if len(name) == 2 else [last]
+    return "/".join(parts)
+
+
+def is_trace_backend(image: str) -> bool:
+    return _repository(image) in TRACE_BACKEND_IMAGES
+
+
+def is_collector(image: str) -> bool:
+    return _repository(image) in COLLECTOR_IMAGES
+
+
+def find_jaeger(environ: Mapping[str, str] | None = None) -> Path | None:
+    """``$PODIUM_JAEGER`` (must be an executable: else :class:`ConfigError`), else
+    ``${PODIUM_CACHE:-~/.cache/podium}/go-bin/jaeger`` where ``scripts/jaeger.sh`` installs
+    it, else None (the trace backend is then not run)."""
+    env = os.environ if environ is None else environ
+    given = env.get(JAEGER_ENV, "")
+    if given:
+        if not os.access(given, os.X_OK):
+            raise ConfigError(
+                f"{JAEGER_ENV}={given!r} is not an executable (scripts/jaeger.sh installs one)"
+            )
+        return Path(given)
+    cache = Path(env.get("PODIUM_CACHE") or Path.home() / ".cache" / "podium")
+    binary = cache / "go-bin" / "jaeger"
+    return binary if os.access(binary, os.X_OK) else None
+
+
+@dataclass(frozen=True)
+class JaegerPorts:
+    """Where the local Jaeger listens (loopback ports)."""
+
+    otlp_grpc: int
+    """OTLP/gRPC receiver: the container's ``otlp-grpc`` port, what the collector forwards to."""
+    otlp_http: int
+    """OTLP/HTTP receiver (not in the manifest: a free port)."""
+    query_http: int
+    """The query API (``/api/traces/<id>``) and the UI: the container's ``ui`` port."""
+    query_grpc: int
+    """The query gRPC API (not in the manifest: a free port)."""
+    health: int
+    """The health check: the readiness probe's port."""
+    health_path: str = "/"
+
+
+def jaeger_ports(c: Container, table: Mapping[int, int]) -> JaegerPorts:
+    """The local ports of the rendered Jaeger container ``c`` (its pod's port table)."""
+    missing = [name for name in ("otlp-grpc", "ui") if name not in c.ports]
+    if missing:
+        raise ConfigError(
+            f"{c.where}: the trace backend declares no container port named "
+            f"{', '.join(missing)} (the local deployment puts Jaeger's OTLP receiver and query "
+            "API there)"
+        )
+    probe = c.readiness
+    if probe is None or probe.kind != "http":
+        raise ConfigError(f"{c.where}: the trace backend needs an httpGet readiness probe")
+    return JaegerPorts(
+        otlp_grpc=table[c.ports["otlp-grpc"]],
+        otlp_http=free_port(),
+        query_http=table[c.ports["ui"]],
+        query_grpc=free_port(),
+        health=table[probe.port],
+        health_path=probe.path or "/",
+    )
+
+
+def jaeger_config(ports: JaegerPorts) -> str:
+    """A Jaeger v2 configuration (an OpenTelemetry Collector one) for the local deployment:
+    OTLP in, in-memory storage, the query API, a health check; nothing on a fixed port (two
+    deployments on one machine must not collide; the collector's own metrics are off for
+    that reason)."""
+
+    def at(port: int) -> dict[str, str]:
+        return {"endpoint": f"127.0.0.1:{port}"}
+
+    config = {
+        "service": {
+            "extensions": ["jaeger_storage", "jaeger_query", "healthcheckv2"],
+            "pipelines": {
+                "traces": {
+                    "receivers": ["otlp"],
+                    "processors": ["batch"],
+                    "exporters": ["jaeger_storage_exporter"],
+                }
+            },
+            "telemetry": {
+                "resource": {"service.name": "jaeger"},
+                "metrics": {"level": "none"},
+                "logs": {"level": "info"},
+            },
+        },
+        "extensions": {
+            "jaeger_storage": {"backends": {"memstore": {"memory": {"max_traces": 100000}}}},
+            "jaeger_query": {
+                "storage": {"traces": "memstore"},
+                "http": at(ports.query_http),
+                "grpc": at(ports.query_grpc),
+            },
+            "healthcheckv2": {**at(ports.health), "path": ports.health_path},
+        },
+        "receivers": {
+            "otlp": {"protocols": {"grpc": at(ports.otlp_grpc), "http": at(ports.otlp_http)}}
+        },
+        "processors": {"batch": {}},
+        "exporters": {"jaeger_storage_exporter": {"trace_storage": "memstore"}},
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
 __all__ = [
+    "COLLECTOR_IMAGES",
+    "JAEGER_ENV",
     "PLACEHOLDER",
     "TOKEN_ROLES",
+    "TRACE_BACKEND_IMAGES",
     "BrokerAccess",
+    "JaegerPorts",
     "OperatorFiles",
     "V2Access",
     "all_services",
+    "find_jaeger",
+    "is_collector",
     "is_placeholder",
+    "is_trace_backend",
+    "jaeger_config",
+    "jaeger_ports",
     "operator_secrets",
     "selects",
     "strimzi_secrets",

@@ -14,6 +14,14 @@ Triton by the real KServe-V2 server of tests/conftest.py.
   are sampled by the orchestrator's exploration share, the learner trains on them, and its
   version is announced, signed, and served by the V2 server. The Job applied again completes
   and changes nothing.
+* The trace backend of the deployment: the overlay's Jaeger workload runs as the real Jaeger
+  binary (``scripts/jaeger.sh``, built from the Go module proxy; under ``CI=true`` a missing
+  binary fails the test), the collector's Service is its OTLP receiver, and one more session,
+  submitted inside a client span of ``podium deploy``'s own, is found in Jaeger through its
+  HTTP query API with spans of every service that reports into a session's trace
+  (orchestrator, subagent, reward and the learner, by their rendered ``OTEL_SERVICE_NAME``:
+  podium_app.deploy.cycle.SESSION_WORKLOADS): the gRPC SERVER spans with the standard ``rpc.*`` attributes, and Kafka producer and consumer
+  spans.
 * Mutations of the overlay, as kustomize patches, each fail with a message naming the
   container: an env var no config reads; reward replicas whose transactional-id prefix is the
   pod name (a partition moving between them is not fenced); the retired per-replica
@@ -32,9 +40,13 @@ from pathlib import Path
 
 import pytest
 
+from podium_app.deploy.cycle import TraceView
 from podium_app.deploy.local import DeploymentError
+from podium_app.deploy.manifest import Objects
+from podium_app.deploy.plan import make_plan
+from podium_app.deploy.render import render
 from podium_app.deploy.run import LocalSettings, check_only, deploy_local
-from podium_app.deploy.standins import V2Access
+from podium_app.deploy.standins import BrokerAccess, V2Access, find_jaeger
 
 OVERLAY = "dev"
 
@@ -122,6 +134,40 @@ def _settings(work: Path, v2_grpc: str, v2_repository: Path, **kw: object) -> Lo
     return LocalSettings(overlay=OVERLAY, work_dir=work, v2=v2, **kw)  # type: ignore[arg-type]
 
 
+def _jaeger() -> Path | None:
+    """The Jaeger binary; under CI a missing one is a failure (scripts/test.sh installs it)."""
+    binary = find_jaeger()
+    if binary is None and os.environ.get("CI") == "true":
+        pytest.fail("no Jaeger binary under CI: scripts/jaeger.sh installs it (scripts/test.sh)")
+    return binary
+
+
+def _check_trace(trace: TraceView) -> None:
+    """Every service on a session's path, gRPC with the standard attributes, Kafka both ways."""
+    by_service: dict[str, list[str]] = {}
+    for span in trace.spans:
+        by_service.setdefault(span.service, []).append(f"{span.kind} {span.name}")
+    print(f"trace {trace.trace_id} in Jaeger: {len(trace.spans)} spans")
+    for service, spans in sorted(by_service.items()):
+        print(f"  {service}: {sorted(set(spans))}")
+    assert {"orchestrator", "subagent", "reward", "learner", "podium-deploy"} <= trace.services
+    server = {s.name: s for s in trace.spans if s.service == "orchestrator" and s.kind == "server"}
+    submit = server["/podium.v1.SessionService/SubmitTask"]
+    assert submit.tags["rpc.system"] == "grpc"
+    assert submit.tags["rpc.service"] == "podium.v1.SessionService"
+    assert submit.tags["rpc.method"] == "SubmitTask"
+    assert "/podium.v1.SessionService/StreamSession" in server
+    kafka = [s for s in trace.spans if s.kind in ("producer", "consumer")]
+    assert all(s.tags.get("messaging.system") == "kafka" for s in kafka)
+    kinds = {(s.service, s.kind) for s in kafka}
+    # Each service passed the trace on through Kafka; each took it from Kafka but the
+    # orchestrator (it took it from gRPC).
+    for service in ("orchestrator", "subagent", "reward"):
+        assert (service, "producer") in kinds, (service, sorted(kinds))
+    for service in ("subagent", "reward", "learner"):
+        assert (service, "consumer") in kinds, (service, sorted(kinds))
+
+
 def _caught(what: str, problems: list[str]) -> None:
     print(f"\nMUTATION CAUGHT ({what}):")
     for p in problems:
@@ -135,10 +181,11 @@ async def test_dev_overlay_comes_up_and_learns(
     kafka_bootstrap: str, v2_grpc: str, v2_repository: Path, tmp_path: Path
 ) -> None:
     del kafka_bootstrap  # a broker is installed here; the deployment starts a fresh one
+    jaeger = _jaeger()
     t0 = time.monotonic()
     lines: list[str] = []
     settings = _settings(
-        tmp_path / "work", v2_grpc, v2_repository, cycle=True, ready_timeout_s=90.0
+        tmp_path / "work", v2_grpc, v2_repository, cycle=True, ready_timeout_s=90.0, jaeger=jaeger
     )
     outcome = await deploy_local(settings, lines.append)
     print("\n" + "\n".join(lines))
@@ -164,6 +211,43 @@ async def test_dev_overlay_comes_up_and_learns(
     print(
         f"local deployment of {OVERLAY}: {time.monotonic() - t0:.1f}s; cycle {dict(cycle.seconds)}"
     )
+    if jaeger is None:
+        pytest.skip("the trace in Jaeger not checked: no Jaeger binary (bash scripts/jaeger.sh)")
+    assert "jaeger-0/jaeger" in outcome.ready_s  # its rendered readiness probe passed
+    assert cycle.trace is not None
+    _check_trace(cycle.trace)
+
+
+def test_jaeger_runs_from_its_workload_and_takes_the_collectors_service(tmp_path: Path) -> None:
+    """The plan (nothing started): the Jaeger workload's container is the binary on a
+    generated config whose ports are those the Services and the probe resolve to; the
+    collector is not run and its Service is Jaeger's OTLP receiver, where the services'
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` now points."""
+    objects = Objects.of(render(OVERLAY, ()))
+    ca = tmp_path / "ca.pem"
+    ca.write_text("plan only\n")
+    users = {str(u["metadata"]["name"]): "x" for u in objects.kind("KafkaUser")}
+    broker = BrokerAccess("127.0.0.1:9093", ca, users)
+    v2 = V2Access("127.0.0.1:8001", "127.0.0.1:8000", tmp_path / "models")
+    binary = tmp_path / "jaeger"
+    plan = make_plan(objects, tmp_path / "work", broker, v2, jaeger=binary)
+    (backend,) = [c for c in plan.containers if not c.podium]
+    assert backend.where == "jaeger-0/jaeger"
+    assert backend.argv[0] == str(binary)
+    config = Path(backend.argv[1].removeprefix("--config=")).read_text()
+    assert plan.trace_otlp == plan.address("jaeger", 4317) == plan.address("otel-collector", 4317)
+    assert plan.trace_query == plan.address("jaeger", 16686)
+    probed = next(a for p, a in backend.probes if p.which == "readiness")
+    for address in (plan.trace_otlp, plan.trace_query, probed):
+        assert f"endpoint: {address}" in config, (address, config)
+    assert "memory:" in config and "jaeger_storage_exporter" in config
+    orchestrator = next(c for c in plan.containers if c.container.workload == "orchestrator")
+    assert orchestrator.env["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://{plan.trace_otlp}"
+    assert {"jaeger", "otel-collector"}.isdisjoint(
+        c.container.workload for c in plan.containers if c.podium
+    )
+    assert any(line.startswith("otel-collector: not run: its Service is") for line in plan.replaced)
+    assert check_only(OVERLAY, (), tmp_path / "check") == []
 
 
 def test_unread_env_var_fails_the_check(tmp_path: Path) -> None:
