@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from podium.errors import PodiumError
+from podium_app.commands import run_driver
 from podium_app.cycle.config import RUNS, CycleConfig, validate
 
 PROG = "podium bench cycle"
@@ -121,18 +120,11 @@ def run(args: argparse.Namespace) -> int:
     from podium_app.cycle.driver import initial_policy, run_all
     from podium_app.cycle.report import table_text, write_report
 
-    try:
-        init = initial_policy(config, _say)
-        result = asyncio.run(run_all(config, init, _say))
-    except PodiumError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        print(f"{PROG}: interrupted; every process it started was stopped", file=sys.stderr)
-        return 130
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    result = run_driver(
+        PROG, lambda: asyncio.run(run_all(config, initial_policy(config, _say), _say)), args.json
+    )
+    if isinstance(result, int):
+        return result
     if args.report is not None:
         _say(f"report: {write_report(result, args.report)}")
     print(table_text(result))

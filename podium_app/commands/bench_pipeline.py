@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from podium.errors import PodiumError
+from podium_app.commands import run_driver
 
 PROG = "podium bench pipeline"
 
@@ -113,17 +112,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    try:
-        init = initial_policy(config, _say)
-        result = asyncio.run(run_all(config, init, _say))
-    except PodiumError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        print(f"{PROG}: interrupted; every process it started was stopped", file=sys.stderr)
-        return 130
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    result = run_driver(
+        PROG, lambda: asyncio.run(run_all(config, initial_policy(config, _say), _say)), args.json
+    )
+    if isinstance(result, int):
+        return result
     print(summary(result))
     return 0
