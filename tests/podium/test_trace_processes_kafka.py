@@ -185,11 +185,19 @@ async def test_one_trace_spans_grpc_kafka_and_every_service(
         async with grpc.aio.insecure_channel(
             f"127.0.0.1:{grpc_port}", interceptors=client_interceptors(ide)
         ) as channel:
-            reply = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service="podium.v1.SessionService"),
-                timeout=60,
-                wait_for_ready=True,
-            )
+            # Five processes importing torch on two loaded cores may take minutes to serve.
+            try:
+                reply = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service="podium.v1.SessionService"),
+                    timeout=180,
+                    wait_for_ready=True,
+                )
+            except grpc.aio.AioRpcError as exc:
+                procs.check()  # a service that died says so with its log
+                raise AssertionError(
+                    f"the orchestrator never served: {exc.code()}\n"
+                    + procs.log_tail("orchestrator")
+                ) from exc
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
             stub = session_service_pb2_grpc.SessionServiceStub(channel)
             for _ in range(30):  # until every group has fixed its (latest) position

@@ -378,8 +378,11 @@ async def test_after_a_drift_shadow_judges_on_the_observed_sub_agents(
     """cpls-online against a live cpls after the drift: twins on the store's estimated pool
     see backend's slow api work and cpls-online routing around it, so it passes shadow; with
     the store off, twins run the advertised pool, where the two are the same engine, and it
-    cannot pass (every difference is zero: shadow gives up at its limit)."""
-    s = settings(unique, agent_stats=observed, offline_tolerance=1e9, shadow_max_sessions=60)
+    cannot pass (every difference is zero: shadow gives up at its limit). Twins read the store
+    as absorbed when they run, so how many comparisons a pass takes varies with timing (20 to
+    60 seen): the store's arm gets room to pass, the other arm a short limit to fail at."""
+    limit = 200 if observed else 60
+    s = settings(unique, agent_stats=observed, offline_tolerance=1e9, shadow_max_sessions=limit)
     traffic = drifted_traffic(inproc_bus, s)
     a = app(s, inproc_bus)
     await a.start()
