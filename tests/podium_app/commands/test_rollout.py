@@ -274,13 +274,12 @@ def test_a_stale_rollout_id_is_failed_precondition(
     assert len(controller.servicer.transitions) == 1
 
 
-def test_invalid_argument_is_bad_input(
+def test_an_empty_version_is_bad_input_before_any_call(
     controller: Controller, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _rollout(controller, "propose", "not a version") == cmd.EXIT_CONFLICT
-    assert "FAILED_PRECONDITION" in _error(capsys)
     assert _rollout(controller, "propose", "") == cmd.EXIT_USAGE
     assert "VERSION is empty" in _error(capsys)
+    assert controller.servicer.actors == []
 
 
 def _free_port() -> int:
@@ -451,3 +450,18 @@ def test_the_cli_drives_the_real_controller(
     assert kinds[-1] == "TRANSITION_KIND_ROLLED_BACK"
     assert data["transitions"][-1]["actor"] == "operator:alice"
     assert data["state"]["live_version"] == "rules:cpls"
+
+
+def test_the_real_controller_answers_invalid_argument_as_bad_input(
+    real_controller: RealController, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not a version at all is the request's fault (INVALID_ARGUMENT naming the field, exit
+    2); a well-formed version that cannot be a candidate now is the state's (exit 4)."""
+    c = real_controller
+    assert _rollout(c, "propose", "not a version", "--reason", "r") == cmd.EXIT_USAGE
+    err = _error(capsys)
+    assert "INVALID_ARGUMENT" in err and "version" in err
+    assert _rollout(c, "propose", "rules:no-such-engine", "--reason", "r") == cmd.EXIT_CONFLICT
+    assert "FAILED_PRECONDITION" in _error(capsys)
+    assert _rollout(c, "status", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["state"]["stage"] == "ROLLOUT_STAGE_IDLE"
