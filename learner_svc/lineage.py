@@ -134,6 +134,17 @@ class Followed:
     """Seq of the last transition applied."""
     resets: tuple[tuple[int, int], ...] = ()
     """(transition seq, live version) of each reset, in order; the weights end as the last's."""
+    reasons: tuple[str, ...] = ()
+    """Why each reset happened, in words for the log (same order as :attr:`resets`)."""
+
+
+def reset_reason(target: int, lineage: Lineage) -> str:
+    """Why resetting ``lineage`` to the live version ``target`` (see :func:`reset_target`):
+    a rejection of a later version of the lineage, or a live version from elsewhere (another
+    learner's, or one made live by ``podium rollout bootstrap``)."""
+    if lineage.contains(target):
+        return "a later version of this lineage was rejected"
+    return f"the live version {target} is not of this learner's lineage"
 
 
 def follow(
@@ -142,15 +153,17 @@ def follow(
     """Apply ``transitions`` (in seq order; those at or below ``seq`` were applied before and
     are skipped) to ``lineage``. Pure: the caller loads the last reset's weights once."""
     resets: list[tuple[int, int]] = []
+    reasons: list[str] = []
     for transition in sorted(transitions, key=lambda t: t.seq):
         if transition.seq <= seq:
             continue
         seq = transition.seq
         target = reset_target(transition, lineage)
         if target is not None:
+            reasons.append(reset_reason(target, lineage))
             lineage = lineage.reset_to(target)
             resets.append((seq, target))
-    return Followed(lineage=lineage, seq=seq, resets=tuple(resets))
+    return Followed(lineage=lineage, seq=seq, resets=tuple(resets), reasons=tuple(reasons))
 
 
 def decode_transition(
@@ -205,5 +218,6 @@ __all__ = [
     "decode_transition",
     "follow",
     "rejected_version",
+    "reset_reason",
     "reset_target",
 ]

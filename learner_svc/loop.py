@@ -407,11 +407,11 @@ class LearningLoop(Generic[SampleT]):
         if followed.resets:
             _, live = followed.resets[-1]
             await self._reset_weights(live)  # first: a failure leaves the state as it was
-            for at, version in followed.resets:
+            for (at, version), why in zip(followed.resets, followed.reasons, strict=True):
                 _log.warning(
-                    "rollout transition %d: the lineage was rejected; weights reset to the live "
-                    "version %d (reset %d)",
+                    "rollout transition %d: %s; weights reset to the live version %d (reset %d)",
                     at,
+                    why,
                     version,
                     st.resets + 1,
                 )

@@ -74,6 +74,7 @@ def test_shadow_failure_resets_to_the_live_version() -> None:
     reg.do(shadow_done, False, None, NOW)
     out = follow(Lineage(version=9), 0, reg.transitions)
     assert out.resets == ((reg.state.seq, 3),)
+    assert out.reasons == ("a later version of this lineage was rejected",)
     assert out.lineage == Lineage(version=9, reset_from=3, reset_at=9)
     assert out.lineage.contains(3) and not out.lineage.contains(8)
     # Applied once: following the same transitions again changes nothing.
@@ -124,6 +125,7 @@ def test_a_live_version_off_the_lineage_resets_and_keeps_numbers_monotonic() -> 
     ahead = follow(Lineage(version=2), 0, reg.transitions)
     assert ahead.lineage == Lineage(5, 5, 5)
     assert ahead.lineage.lag(5) == 0 and ahead.lineage.reset_to(5) == Lineage(5, 5, 5)
+    assert ahead.reasons == ("the live version 5 is not of this learner's lineage",)
 
 
 def test_lag_along_the_lineage() -> None:
