@@ -74,3 +74,43 @@ class RolloutConflict(PodiumError):
         super().__init__(message)
         self.state = state
         self.command = command
+
+
+class CorpusError(PodiumError):
+    """A document could not be read or decoded; ``path`` names the file (not retriable: the
+    same bytes fail again)."""
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class IndexUnavailable(PodiumError):
+    """A search index cannot be reached or opened: a dead Chroma server (``url`` names it) or
+    a missing / incomplete index directory. Retriable: a server may come back."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, url: str = "", retriable: bool | None = None) -> None:
+        super().__init__(message, retriable=retriable)
+        self.url = url
+
+
+class PluginError(PodiumError):
+    """A sub-agent plug-in cannot be found, loaded or built (an unknown entry-point name, an
+    import that fails, a factory refusing its options); ``plugin`` names it. Not retriable:
+    the same name and options fail again."""
+
+    def __init__(self, message: str, *, plugin: str = "") -> None:
+        super().__init__(message)
+        self.plugin = plugin
+
+
+class QuestionFileError(PodiumError):
+    """A question file (JSONL) is malformed: the message names ``file:line`` and the field, so
+    a bad line is fixed, never silently skipped. Not retriable: the same bytes fail again."""
+
+    def __init__(self, message: str, *, path: str = "", line: int = 0) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line

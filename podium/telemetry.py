@@ -35,6 +35,7 @@ from typing import Any
 import grpc.aio
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.instrumentation.grpc import filters as grpc_filters
@@ -46,6 +47,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from podium.errors import ConfigError
 
@@ -131,20 +133,107 @@ def setup_tracing(
 
 # --- W3C carrier -------------------------------------------------------------------------
 
+_CACHE_LIMIT = 1024
+"""Entries of each carrier cache before it is emptied (bounded memory: a cached context holds
+its span; a miss only costs the propagator's own work)."""
+
+_carriers: dict[int, tuple[Context, dict[str, str], tuple[tuple[str, bytes], ...]]] = {}
+"""``id(context)`` -> the context itself (held, so its id stays its own), its carrier and the
+carrier as Kafka headers."""
+_carriers_textmap: list[object] = [None]
+"""The global propagator the cached carriers were made by (another one empties the cache)."""
+_contexts: dict[str, Context] = {}
+"""``traceparent`` value -> the context the propagator extracts from it alone."""
+_textmap_checked: list[object] = [None, False]
+"""[the global propagator last looked at, whether it is W3C trace context + baggage only]."""
+
+
+def _w3c_only() -> bool:
+    """Whether the global propagator is OpenTelemetry's default, W3C trace context (then W3C
+    baggage) and nothing else: then the context extracted from a lone ``traceparent`` depends
+    on nothing else and may be cached by it. Another propagator (``OTEL_PROPAGATORS=b3``...)
+    is always asked itself."""
+    textmap = propagate.get_global_textmap()
+    if _textmap_checked[0] is not textmap:
+        # In this order: trace context first starts the extracted context afresh, so it does
+        # not depend on the current one.
+        kinds = [type(p) for p in getattr(textmap, "_propagators", [textmap])]
+        default = kinds in (
+            [TraceContextTextMapPropagator, W3CBaggagePropagator],
+            [TraceContextTextMapPropagator],
+        )
+        _textmap_checked[:] = [textmap, default]
+    return bool(_textmap_checked[1])
+
+
+def _cached_carrier(
+    context: Context | None,
+) -> tuple[Context, dict[str, str], tuple[tuple[str, bytes], ...]]:
+    """The carrier of ``context`` (default: the current one) and its Kafka headers, from the
+    cache, filled by the global propagator on a miss.
+
+    Every event a session publishes is published in the same context (contexts are immutable:
+    a new span or baggage is a new context), and asking the propagator for its carrier cost
+    more than the rest of the envelope; so the propagator's answer is kept per context object,
+    and each publish after the first is a dictionary lookup.
+    """
+    ctx = otel_context.get_current() if context is None else context
+    textmap = propagate.get_global_textmap()
+    if _carriers_textmap[0] is not textmap:
+        _carriers.clear()
+        _carriers_textmap[0] = textmap
+    found = _carriers.get(id(ctx))
+    if found is None or found[0] is not ctx:
+        carrier: dict[str, str] = {}
+        textmap.inject(carrier, context=ctx)
+        found = (ctx, carrier, tuple((k, v.encode("utf-8")) for k, v in carrier.items()))
+        if len(_carriers) >= _CACHE_LIMIT:
+            _carriers.clear()
+        _carriers[id(ctx)] = found
+    return found
+
 
 def inject_trace_context(context: Context | None = None) -> dict[str, str]:
     """The W3C carrier (``traceparent``, ``tracestate``, ``baggage``) of ``context``.
 
     Defaults to the current context; empty when there is no active span.
     """
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=context)
-    return carrier
+    return dict(_cached_carrier(context)[1])
+
+
+def trace_carrier_and_headers(
+    context: Context | None = None,
+) -> tuple[Mapping[str, str], tuple[tuple[str, bytes], ...]]:
+    """The W3C carrier of ``context`` (default: the current one) and the same as Kafka record
+    headers, for a publish: both read-only (shared by every event of the context)."""
+    _, carrier, headers = _cached_carrier(context)
+    return carrier, headers
 
 
 def extract_trace_context(carrier: Mapping[str, str]) -> Context:
     """A context whose parent span is the one described by ``carrier`` (may be empty)."""
+    traceparent = carrier.get("traceparent")
+    if traceparent is not None and len(carrier) == 1:
+        return context_from_traceparent(traceparent)
     return propagate.extract(dict(carrier))
+
+
+def context_from_traceparent(traceparent: str) -> Context:
+    """:func:`extract_trace_context` of a carrier holding a ``traceparent`` alone (what
+    Podium's producers write without baggage or ``tracestate``).
+
+    With the default propagator the context is extracted once per value and reused: contexts
+    are immutable, and the events of one session carry the same value.
+    """
+    if not _w3c_only():
+        return propagate.extract({"traceparent": traceparent})
+    found = _contexts.get(traceparent)
+    if found is None:
+        found = propagate.extract({"traceparent": traceparent})
+        if len(_contexts) >= _CACHE_LIMIT:
+            _contexts.clear()
+        _contexts[traceparent] = found
+    return found
 
 
 # --- Kafka / bus headers -------------------------------------------------------------------
@@ -152,7 +241,7 @@ def extract_trace_context(carrier: Mapping[str, str]) -> Context:
 
 def kafka_headers(context: Context | None = None) -> tuple[tuple[str, bytes], ...]:
     """Trace context as Kafka record headers (UTF-8 values), ready for ``Bus.publish``."""
-    return tuple((k, v.encode("utf-8")) for k, v in inject_trace_context(context).items())
+    return trace_carrier_and_headers(context)[1]
 
 
 def carrier_from_headers(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str]:

@@ -3,12 +3,15 @@
 What is measured is the path services take, beside aiokafka alone, on the same broker in the
 same run:
 
-* **bus**: :class:`~podium.bus.EventPublisher` (codec envelope, producer span, trace context in
-  the envelope and headers, event id and type headers) over :meth:`KafkaBus.publish` (a publish
-  returns once durable, so concurrency comes from many publishing tasks, as from many live
-  sessions in a service); consumed by an :class:`~podium.bus.EventConsumer` (fetch a batch of
-  ``max_batch``, decode each envelope, de-duplicate by event id, the handler in a consumer span,
-  commit the batch), with a tracer provider installed as a standalone service has one;
+* **bus**: :class:`~podium.bus.EventPublisher` (codec envelope, trace context in the envelope
+  and headers, event id and type headers, a producer span in a sampled trace) over
+  :meth:`KafkaBus.publish` (a publish returns once durable, so concurrency comes from many
+  publishing tasks, as from many live sessions in a service), each event inside its session's
+  span (:class:`Sessions`: :data:`SESSION_EVENTS` events a session); consumed by an
+  :class:`~podium.bus.EventConsumer` (fetch a batch of ``max_batch``, decode each envelope,
+  de-duplicate by event id, the handler in the producer's context and, in a sampled trace, a
+  consumer span, commit the batch), with a tracer provider installed as a standalone service
+  has one (its sampler from ``OTEL_TRACES_SAMPLER``, reported in the JSON: :func:`tracing`);
 * **raw**: :class:`podium.bus.raw.RawProducer` / :class:`~podium.bus.raw.RawConsumer` —
   aiokafka with exactly the bus's settings (``KafkaConfig.producer_kwargs`` /
   ``consumer_kwargs``), each send awaited until durable, each batch committed after it is
@@ -44,6 +47,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+
 from podium import codec, telemetry
 from podium.bus import EventConsumer, EventPublisher, KafkaBus, KafkaConfig, Record, TopicSpec
 from podium.bus.raw import RawConsumer, RawProducer
@@ -58,6 +65,9 @@ WARMUP_KEY = "bench-bus-warmup"
 """Idempotency key of warm-up events: the consumer leaves them out of every figure."""
 SESSIONS = 64
 """Distinct keys (session ids) the events are spread over, so every partition is used."""
+SESSION_EVENTS = 32
+"""Consecutive events published in one session's trace on the bus path (a session of the
+shipped tasks assigns and reports about this many subtasks)."""
 EVENTS = 256
 """Distinct prebuilt payloads the load cycles through."""
 READY_TIMEOUT_S = 90.0
@@ -378,21 +388,66 @@ Send = Callable[[int, bool], Awaitable[None]]
 """``await send(i, warm)``: publish event ``i`` (a warm-up event if ``warm``) until durable."""
 
 
+class Sessions:
+    """The bus path's traces: event ``i`` is published inside the span of session
+    ``i // SESSION_EVENTS``, as a service publishes inside a session's (or a consumed event's)
+    span, so its events carry that session's trace context; a session's span ends once its
+    events were published. Whether a session is sampled is the tracer provider's decision
+    (``OTEL_TRACES_SAMPLER``; the SDK's default samples every one)."""
+
+    def __init__(self, tracer: trace.Tracer | None = None) -> None:
+        self._tracer = tracer or trace.get_tracer(PRODUCER)
+        self._open: dict[int, tuple[trace.Span, Context, list[int]]] = {}
+
+    def context(self, i: int) -> Context:
+        """The context event ``i`` is published in (its session's span started if new)."""
+        n = i // SESSION_EVENTS
+        found = self._open.get(n)
+        if found is None:
+            span = self._tracer.start_span("session", attributes={"podium.session_id": n})
+            found = self._open[n] = (span, trace.set_span_in_context(span), [0])
+        return found[1]
+
+    def published(self, i: int) -> None:
+        """Event ``i`` was published: its session ends with its last event."""
+        found = self._open.get(i // SESSION_EVENTS)
+        if found is None:  # ended already (the warm-up's events count too)
+            return
+        span, _, done = found
+        done[0] += 1
+        if done[0] == SESSION_EVENTS:
+            span.end()
+            del self._open[i // SESSION_EVENTS]
+
+    def close(self) -> None:
+        """End the sessions still open (the phase ended in their middle)."""
+        for span, _, _ in self._open.values():
+            span.end()
+        self._open.clear()
+
+
 @contextlib.asynccontextmanager
 async def bus_sender(config: KafkaConfig, topic: str) -> AsyncIterator[Send]:
-    """Events through :class:`EventPublisher` on a :class:`KafkaBus`."""
+    """Events through :class:`EventPublisher` on a :class:`KafkaBus`, each inside its
+    session's span (:class:`Sessions`)."""
     bus = KafkaBus(config)
     await bus.start()
     publisher = EventPublisher(bus, producer_name=PRODUCER)
+    sessions = Sessions()
 
     async def send(i: int, warm: bool) -> None:
+        # Made current in the calling task's own context (a publishing task, or the event's
+        # own task), which nothing else reads: no detach needed, one contextvar write per event.
+        otel_context.attach(sessions.context(i))
         await publisher.publish(
             topic, event(i), key=session_key(i), idempotency_key=WARMUP_KEY if warm else ""
         )
+        sessions.published(i)
 
     try:
         yield send
     finally:
+        sessions.close()
         await bus.stop()
 
 
@@ -734,6 +789,15 @@ def report(
     out["config"] = {**asdict(settings), "loads": [as_number(r) for r in settings.loads], **extra}
     out["targets"] = verdicts(out)
     return out
+
+
+def tracing() -> dict[str, Any]:
+    """How the bus path was traced: the sampler of the bench's tracer provider (the SDK's
+    default, parent-based always on, unless ``OTEL_TRACES_SAMPLER`` says otherwise; the
+    consumer process reads the same variables). A span per event is made only in sampled
+    traces (``podium.bus.consumer.traced``), so this decides much of the bus's cost."""
+    sampler = getattr(trace.get_tracer_provider(), "sampler", None)
+    return {"sampler": sampler.get_description() if sampler is not None else "none"}
 
 
 def machine() -> dict[str, Any]:

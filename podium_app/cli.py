@@ -81,6 +81,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Fetch, start, stop a local single-node Apache Kafka broker (KRaft) for development;"
         " tail any topic as JSON lines.",
     ),
+    "context index": (
+        "podium_app.commands.context",
+        "Index directories of docs (text, reST, Markdown, HTML, man pages) for the search agents.",
+    ),
+    "context questions": (
+        "podium_app.commands.context_questions",
+        "Generate train / validation / held-out questions with gold spans from docs' structure.",
+    ),
     "deploy": (
         "podium_app.commands.deploy",
         "Run a kustomize overlay as local processes, as the cluster would, and check it comes up.",
@@ -92,6 +100,7 @@ GROUP_HELP = {
     "reward": "Reward service tools: explain and re-score.",
     "spec": "Task and pool spec tools.",
     "keys": "Policy signing keys.",
+    "context": "Context-1: the corpus, its search indexes and questions.",
 }
 
 

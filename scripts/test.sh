@@ -36,6 +36,9 @@ bash tools/k8s-check/install.sh >/dev/null
 # built once per version from the Go module proxy into the cache.
 jaeger_line="$(bash scripts/jaeger.sh)"
 export "$jaeger_line" # PODIUM_JAEGER=<the binary>
+# The Go external worker (tools/go-worker, its protobuf code generated from protos/), built
+# once per source digest into the cache, so the Kafka test that runs it does not build it.
+bash scripts/go-worker.sh >/dev/null
 
 # Each run gets its own broker directory, so a developer's broker is left alone.
 KAFKA_DIR="$(mktemp -d /tmp/podium-kafka.XXXXXX)"

@@ -6,12 +6,15 @@ assignment yields the same duration and outcome here, in the in-process simulato
 replay. The worker sees nothing but the assignment's :class:`ExecutionContext` (its subtask
 and its dependencies' outputs) and hands back only a short task-relevant output, never a
 trace of what it did: that is the context sharding the architecture asks for.
+
+That is the ``simulated`` runner, each agent's default. An agent whose pool-spec entry says
+``runner: plugin`` is executed by its Python plug-in, one whose entry says ``runner: external``
+is left to an outside worker (:mod:`subagent_svc.runners`, docs/subagent-contract.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 import uuid
@@ -27,12 +30,20 @@ from podium.bus.consumer import EventConsumer, EventPublisher
 from podium.codec import unpack_as
 from podium.envs.swarm.drift import DriftingPool, DriftSchedule, load_drift
 from podium.envs.swarm.pool import SubagentPool
-from podium.envs.swarm.spec import PoolSpec, default_pool, load_pool
+from podium.envs.swarm.spec import (
+    RUNNER_EXTERNAL,
+    RUNNER_SIMULATED,
+    PoolSpec,
+    default_pool,
+    load_pool,
+)
 from podium.errors import ConfigError, SpecError
 from podium.metrics import record_subagent_execution
 from podium.service import ServiceShell, default_instance_name
+from podium.subagents.reference import context_digest
 from podium.v1 import envelope_pb2, subtask_pb2
 from subagent_svc.config import SubagentConfig
+from subagent_svc.runners import load_plugins, run_plugin, runners_of
 
 _log = logging.getLogger(__name__)
 
@@ -78,19 +89,21 @@ def drifting_pool(
 
 
 def output_digest(assigned: subtask_pb2.SubtaskAssigned) -> str:
-    """Short digest of exactly what the execution was given.
+    """Short digest of exactly what the execution was given
+    (:func:`podium.subagents.reference.context_digest`, the digest the ``context-digest``
+    plug-in and the Go external worker compute too).
 
     The simulated output is derived from the context alone, so two executions with the same
     context agree, and a dependent's output changes when a dependency's output does.
     """
-    h = hashlib.sha256()
-    h.update(assigned.context.subtask.SerializeToString(deterministic=True))
-    for dep in assigned.context.dependency_results:
-        h.update(dep.subtask_id.encode())
-        h.update(b"\0")
-        h.update(dep.output.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:12]
+    return context_digest(assigned.context)
+
+
+def published_at(envelope: envelope_pb2.Envelope) -> float | None:
+    """When the envelope's event was published (Unix seconds), or None when it says not."""
+    if not envelope.HasField("produced_at"):
+        return None
+    return envelope.produced_at.ToNanoseconds() / 1e9
 
 
 def execute(pool: SubagentPool, assigned: subtask_pb2.SubtaskAssigned) -> subtask_pb2.SubtaskResult:
@@ -109,7 +122,9 @@ def execute(pool: SubagentPool, assigned: subtask_pb2.SubtaskAssigned) -> subtas
         agent=assigned.agent,
         start_time=assigned.sim_time,
         end_time=assigned.sim_time,
+        runner=RUNNER_SIMULATED,
     )
+    base.context.CopyFrom(assigned.context)
     problem = ""
     if assigned.agent not in pool.agent_index:
         problem = f"unknown agent {assigned.agent!r} (pool: {', '.join(pool.agent_names)})"
@@ -150,6 +165,8 @@ class SubagentStats:
     """Assignments executed."""
     succeeded: int = 0
     """Executions that succeeded."""
+    external: int = 0
+    """Assignments left to an external worker (``runner: external`` agents)."""
     results: list[subtask_pb2.SubtaskResult] = field(default_factory=list)
     """Recent results, newest last (bounded by ``keep``)."""
     keep: int = 1000
@@ -191,21 +208,33 @@ class SubagentApp:
         """The pool executions are sampled from: the pool file's true profiles (``true:``,
         else the advertised ones) under the drift scenario (``PODIUM_SUBAGENT_DRIFT``, else the
         file's ``drift:``; :mod:`podium.envs.swarm.drift`)."""
+        self.runners = runners_of(spec)
+        """Each agent's runner (``runner:`` in the pool spec)."""
+        self.plugins = load_plugins(self.runners)
+        """The loaded plug-in of every ``runner: plugin`` agent, by agent name."""
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(SERVICE)
         self.stats = SubagentStats()
         self.publisher = EventPublisher(bus, producer_name=self.instance)
         self.shell = ServiceShell(SERVICE, shutdown_timeout_s=config.shutdown_timeout_s)
-        """Runs the consumer and stops it gracefully (:class:`podium.service.ServiceShell`)."""
-        self.consumer = self.shell.add(
-            EventConsumer(
-                bus,
-                [topics.SUBTASKS_ASSIGNED],
-                config.group_id,
-                self._handle,
-                producer_name=self.instance,
-                max_batch=config.batch_max,
-                partitions=config.topic_partitions,
-            )
+        """Runs the consumers and stops them gracefully (:class:`podium.service.ServiceShell`)."""
+        self.consumers = [self.shell.add(self._member(i)) for i in range(config.concurrency)]
+        """This process's members of the worker group (``PODIUM_SUBAGENT_CONCURRENCY``): each
+        consumes the partitions it is given, so executions on different partitions run at
+        once, on the same loaded plug-ins."""
+        self.consumer = self.consumers[0]
+        """The first member (the only one by default)."""
+
+    def _member(self, index: int) -> EventConsumer:
+        """Member ``index`` of the worker group (a client id of its own when there are more)."""
+        return EventConsumer(
+            self.bus,
+            [topics.SUBTASKS_ASSIGNED],
+            self.config.group_id,
+            self._handle,
+            producer_name=self.instance,
+            max_batch=self.config.batch_max,
+            partitions=self.config.topic_partitions,
+            client_id=f"{self.instance}#{index}" if self.config.concurrency > 1 else "",
         )
 
     async def start(self) -> None:
@@ -217,8 +246,15 @@ class SubagentApp:
         await self.shell.start()
 
     async def stop(self) -> None:
-        """Stop fetching, finish and commit the batch in hand, leave the group."""
+        """Stop fetching, finish and commit the batch in hand, leave the group, then close the
+        plug-ins (after the last execution that may use them)."""
         await self.shell.stop()
+        plugins, self.plugins = self.plugins, {}
+        for name, agent in plugins.items():
+            try:
+                await agent.close()
+            except Exception:  # one plug-in failing to close must not keep the others open
+                _log.exception("closing the plug-in of agent %r failed", name)
 
     async def wait(self) -> None:
         """Return when consuming has ended; raise if the consumer crashed."""
@@ -226,6 +262,18 @@ class SubagentApp:
 
     async def _handle(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
         assigned = unpack_as(envelope, subtask_pb2.SubtaskAssigned)
+        runner = self.runners.get(assigned.agent)
+        if runner is not None and runner.kind == RUNNER_EXTERNAL:
+            # Its external worker reads this topic in a group of its own: committing past
+            # the record here loses nothing, and executing it would do the work twice.
+            self.stats.external += 1
+            _log.debug(
+                "%s %s left to external %s",
+                assigned.session_id,
+                assigned.subtask_id,
+                assigned.agent,
+            )
+            return
         with self._tracer.start_as_current_span(
             f"execute {assigned.subtask_id}",
             attributes={
@@ -235,13 +283,9 @@ class SubagentApp:
                 "podium.kind": assigned.kind,
             },
         ) as span:
-            result = execute(self.true_pool.at(time.time()), assigned)
-            duration = result.end_time - result.start_time
-            if self.config.time_scale > 0 and duration > 0:
-                # Pacing only: the outcome was fixed by the seed before the sleep.
-                await asyncio.sleep(duration * self.config.time_scale)
+            result = await self._execute(assigned, published_at(envelope))
             span.set_attribute("podium.outcome", subtask_pb2.Outcome.Name(result.outcome))
-            span.set_attribute("podium.sim_duration", duration)
+            span.set_attribute("podium.sim_duration", result.end_time - result.start_time)
             await self.publisher.publish(
                 topics.SUBTASK_RESULTS,
                 result,
@@ -253,11 +297,34 @@ class SubagentApp:
         outcome = subtask_pb2.Outcome.Name(result.outcome).removeprefix("OUTCOME_").lower()
         record_subagent_execution(SERVICE, agent=assigned.agent, outcome=outcome)
         _log.debug(
-            "%s %s on %s: %s [%.2f, %.2f]",
+            "%s %s on %s (%s): %s [%.2f, %.2f]",
             assigned.session_id,
             assigned.subtask_id,
             assigned.agent,
+            result.runner,
             subtask_pb2.Outcome.Name(result.outcome),
             result.start_time,
             result.end_time,
         )
+
+    async def _execute(
+        self, assigned: subtask_pb2.SubtaskAssigned, published: float | None
+    ) -> subtask_pb2.SubtaskResult:
+        """The result of one assignment by its agent's runner, stamped with the wall-clock
+        span and this worker's name (an agent the pool lacks is simulated, which reports it
+        MALFORMED)."""
+        plugin = self.plugins.get(assigned.agent)
+        if plugin is not None:
+            result = await run_plugin(plugin, assigned, published)
+            result.context.CopyFrom(assigned.context)
+        else:
+            wall_start = time.time()
+            result = execute(self.true_pool.at(wall_start), assigned)
+            duration = result.end_time - result.start_time
+            if self.config.time_scale > 0 and duration > 0:
+                # Pacing only: the outcome was fixed by the seed before the sleep.
+                await asyncio.sleep(duration * self.config.time_scale)
+            result.wall_start = wall_start
+            result.wall_end = time.time()
+        result.executor = self.instance
+        return result

@@ -27,6 +27,11 @@ class SubagentConfig(ServiceConfig):
     Must be the same pool the orchestrator schedules for."""
     batch_max: int = env("PODIUM_BATCH_MAX", default=50, parse=positive_int)
     """Most assignments fetched (and committed) at once."""
+    concurrency: int = env("PODIUM_SUBAGENT_CONCURRENCY", default=1, parse=positive_int)
+    """Members of the worker group in this process. Each member executes its partitions' assignments
+    one after another, so up to this many run at once (bounded by the partitions of the
+    assignment topic, which are spread over every member of the group), sharing one process's
+    loaded plug-ins (an index and its embedding model loaded once, not once per process)."""
     time_scale: float = env("PODIUM_SUBAGENT_TIME_SCALE", default=0.0, parse=non_negative_float)
     """Wall-clock seconds an execution takes per unit of simulated time (0 = instant).
     Pacing makes demos watchable and gives shutdown tests a batch in hand."""

@@ -32,13 +32,15 @@ import socket
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from types import TracebackType
 
 from google.protobuf.message import Message
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 
 from podium import codec, telemetry, topics
 from podium.bus.base import (
@@ -275,8 +277,10 @@ class RecentKeys:
         return False
 
     def add(self, key: str) -> None:
-        self._items[key] = None
-        self._items.move_to_end(key)
+        if key in self._items:
+            self._items.move_to_end(key)
+            return
+        self._items[key] = None  # a new key goes to the end
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
 
@@ -305,16 +309,85 @@ def trace_carrier(envelope: envelope_pb2.Envelope, record: Record) -> dict[str, 
     return {k: v for k, v in _headers_as_text(record.headers).items() if k in _TRACE_HEADERS}
 
 
-@contextlib.contextmanager
+def producer_context(envelope: envelope_pb2.Envelope, record: Record) -> Context:
+    """The context a consumed event was published in (:func:`trace_carrier`'s), read without
+    copying the envelope's map in the common case of a ``traceparent`` alone."""
+    carried = envelope.trace_context
+    if len(carried) == 1:
+        traceparent = carried.get("traceparent")
+        if traceparent is not None:
+            return telemetry.context_from_traceparent(traceparent)
+    return telemetry.extract_trace_context(trace_carrier(envelope, record))
+
+
+def traced(span_context: trace.SpanContext) -> bool:
+    """Whether the bus makes its own span under ``span_context``: when the trace is sampled,
+    or when there is no trace yet (the span starts one, the sampler decides).
+
+    An unsampled trace gets no producer or consumer span of the bus: the SDK's default sampler
+    (parent-based) would make only a non-recording one, whose cost per event was most of the
+    bus layer's (``podium bench bus``). Its events still carry the trace context and the
+    consumer's handler still runs in it, so a session stays one trace, sampled or not.
+    """
+    return not span_context.is_valid or bool(span_context.trace_flags.sampled)
+
+
+class _SpanScope:
+    """A span made current for a block (``with``), or, in an unsampled trace (:func:`traced`),
+    only the context the event belongs to. A class rather than a generator context manager:
+    it runs once per event on both sides of the bus, where the generator's frame and wrapper
+    were a measurable share of the layer's cost."""
+
+    __slots__ = ("_context", "_make", "_scope", "_token")
+
+    def __init__(self, context: Context | None, make: Callable[[Context | None], trace.Span]):
+        self._context = context
+        """The context the event belongs to (None: the current one, nothing to attach)."""
+        self._make = make
+        """Starts the span under a given parent context (called only when traced)."""
+        self._scope: contextlib.AbstractContextManager[trace.Span] | None = None
+        self._token: object = None
+
+    def __enter__(self) -> trace.Span:
+        if self._context is not None:
+            self._token = otel_context.attach(self._context)
+        try:
+            parent = trace.get_current_span(self._context)
+            if not traced(parent.get_span_context()):
+                return parent
+            self._scope = trace.use_span(self._make(self._context), end_on_exit=True)
+            return self._scope.__enter__()
+        except BaseException:
+            if self._token is not None:  # no __exit__ follows a failed __enter__
+                otel_context.detach(self._token)  # type: ignore[arg-type]
+            raise
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._scope is not None:
+                self._scope.__exit__(kind, exc, tb)
+        finally:
+            if self._token is not None:
+                otel_context.detach(self._token)  # type: ignore[arg-type]
+
+
 def consume_span(
     envelope: envelope_pb2.Envelope, record: Record, group_id: str
-) -> Iterator[trace.Span]:
+) -> contextlib.AbstractContextManager[trace.Span]:
     """The consumer span of processing one event, in its producer's trace (what it publishes
-    meanwhile joins that trace too: one trace per session)."""
-    token = otel_context.attach(telemetry.extract_trace_context(trace_carrier(envelope, record)))
-    try:
-        with _tracer.start_as_current_span(
+    meanwhile joins that trace too: one trace per session). In an unsampled trace the block
+    runs in the producer's context without a span of its own (:func:`traced`); the producer's
+    (non-recording) span is what ``with`` gives then."""
+
+    def make(parent: Context | None) -> trace.Span:
+        return _tracer.start_span(
             f"{record.topic} process",
+            context=parent,
             kind=trace.SpanKind.CONSUMER,
             attributes={
                 "messaging.system": "kafka",
@@ -324,21 +397,30 @@ def consume_span(
                 "messaging.consumer.group.name": group_id,
                 "messaging.message.id": envelope.event_id,
             },
-        ) as span:
-            yield span
-    finally:
-        otel_context.detach(token)
+        )
+
+    return _SpanScope(producer_context(envelope, record), make)
 
 
-@contextlib.contextmanager
-def publish_span(topic: str) -> Iterator[trace.Span]:
-    """The producer span of publishing one event to ``topic``."""
-    with _tracer.start_as_current_span(
-        f"{topic} publish",
-        kind=trace.SpanKind.PRODUCER,
-        attributes={"messaging.system": "kafka", "messaging.destination.name": topic},
-    ) as span:
-        yield span
+def publish_span(topic: str) -> contextlib.AbstractContextManager[trace.Span]:
+    """The producer span of publishing one event to ``topic``, current inside the block. In
+    an unsampled trace there is none (:func:`traced`): the event carries the caller's context,
+    and ``with`` gives the caller's span."""
+
+    def make(parent: Context | None) -> trace.Span:
+        return _tracer.start_span(
+            f"{topic} publish",
+            context=parent,
+            kind=trace.SpanKind.PRODUCER,
+            attributes={"messaging.system": "kafka", "messaging.destination.name": topic},
+        )
+
+    return _SpanScope(None, make)
+
+
+_NONE: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+"""The publish scope of an unsampled trace: nothing to start (:func:`publish_span` would make
+the same decision, at the price of its own object per event)."""
 
 
 def encode_record(
@@ -353,7 +435,7 @@ def encode_record(
 ) -> tuple[envelope_pb2.Envelope, bytes, Headers]:
     """``message`` as a Podium record: the codec's envelope bytes, and headers carrying the
     current trace context, the event id and the event type (readable without protobuf)."""
-    carrier = telemetry.inject_trace_context()
+    carrier, trace_headers = telemetry.trace_carrier_and_headers()
     envelope, data = codec.encode_event(
         message,
         producer=producer,
@@ -363,12 +445,14 @@ def encode_record(
         event_id=event_id,
         occurred_at=occurred_at,
     )
-    headers: list[tuple[str, bytes]] = [(k, v.encode()) for k, v in carrier.items()]
-    headers.append((EVENT_ID_HEADER, envelope.event_id.encode()))
-    headers.append((EVENT_TYPE_HEADER, envelope.type.encode()))
-    for k, v in (extra_headers or {}).items():
-        headers.append((k, v.encode()))
-    return envelope, data, tuple(headers)
+    headers = (
+        *trace_headers,
+        (EVENT_ID_HEADER, envelope.event_id.encode()),
+        (EVENT_TYPE_HEADER, envelope.type.encode()),
+    )
+    if extra_headers:
+        headers += tuple((k, v.encode()) for k, v in extra_headers.items())
+    return envelope, data, headers
 
 
 class EventConsumer:
@@ -581,7 +665,8 @@ class EventConsumer:
         while True:
             attempt += 1
             try:
-                await self._call_handler(envelope, record)
+                with consume_span(envelope, record, self.group_id):
+                    await self.handler(envelope, record)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -618,10 +703,6 @@ class EventConsumer:
                 delay = min(delay * 2, self.retry_backoff_max_s)
                 continue
             return None
-
-    async def _call_handler(self, envelope: envelope_pb2.Envelope, record: Record) -> None:
-        with consume_span(envelope, record, self.group_id):
-            await self.handler(envelope, record)
 
     async def _dead_letter(
         self, record: Record, exc: BaseException, *, attempts: int | None = None
@@ -720,7 +801,10 @@ class EventPublisher:
         Pass a stable ``event_id`` when re-publishing the same logical event (e.g. after a
         crash) so consumers dedupe it; ``idempotency_key`` names the business operation.
         """
-        with publish_span(topic):
+        scope = (
+            publish_span(topic) if traced(trace.get_current_span().get_span_context()) else _NONE
+        )
+        with scope:
             envelope, data, headers = encode_record(
                 message,
                 producer=self.producer_name,

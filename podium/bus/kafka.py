@@ -417,9 +417,12 @@ class KafkaBus(Bus):
         if topic not in self._known_topics:
             await self.ensure_topics([topic])
         try:
-            md = await producer.send_and_wait(
+            # send() and the delivery awaited here, not send_and_wait(): one coroutine less on
+            # the path of every event (podium bench bus).
+            delivery = await producer.send(
                 topic, value, key=key_bytes(key), headers=[(k, bytes(v)) for k, v in headers]
             )
+            md = await delivery
         except KafkaError as exc:
             raise bus_error(f"publish to {topic}", exc) from exc
         return RecordMetadata(md.topic, md.partition, md.offset)
@@ -808,16 +811,15 @@ class KafkaSubscriber(Subscriber):
 
 
 def _record(m: ConsumerRecord[bytes, bytes]) -> Record:
-    """An aiokafka record as a bus :class:`Record`."""
-    return Record(
-        topic=m.topic,
-        partition=m.partition,
-        offset=m.offset,
-        key=m.key,
-        value=m.value,
-        headers=tuple((k, bytes(v)) for k, v in (m.headers or ())),
-        timestamp_ms=m.timestamp,
-    )
+    """An aiokafka record as a bus :class:`Record`. aiokafka already gives the headers as a
+    tuple of ``(str, bytes)``, kept as they are (this runs for every record consumed); a header
+    without a value (Kafka allows it) becomes ``b""``, as :data:`Headers` are bytes."""
+    headers: Headers = m.headers or ()
+    for _, value in headers:
+        if value is None:
+            headers = tuple((k, v or b"") for k, v in headers)
+            break
+    return Record(m.topic, m.partition, m.offset, m.key, m.value, headers, m.timestamp)
 
 
 def _retrieve(delivery: asyncio.Future[Any]) -> None:

@@ -51,6 +51,14 @@ SWARM_ENV_ID = "podium/Swarm-v0"
 SWARM_ENTRY_POINT = "podium.envs.registration:make_swarm_env"
 """What Gymnasium calls to build it (:func:`make_swarm_env`)."""
 
+CONTEXT_ENV_ID = "podium/Context-v0"
+"""Gymnasium id of :class:`~podium.context.env.ContextEnv` (keyword arguments: ``index``, an
+opened index or its directory; ``questions``, a list or a question file; ``config``; see
+:func:`podium.context.env.make_context_env`)."""
+
+CONTEXT_ENTRY_POINT = "podium.context.env:make_context_env"
+"""A string, so registering it imports nothing of the search stack until the env is made."""
+
 
 def resolve_pool(
     pool: PoolSpec | SubagentPool | str | Path | None,
@@ -122,6 +130,9 @@ def make_swarm_env(
 
 
 def register_envs() -> None:
-    """Register :data:`SWARM_ENV_ID` (once: importing twice does not re-register)."""
+    """Register :data:`SWARM_ENV_ID` and :data:`CONTEXT_ENV_ID` (once: importing twice does
+    not re-register)."""
     if SWARM_ENV_ID not in gymnasium.registry:
         gymnasium.register(id=SWARM_ENV_ID, entry_point=SWARM_ENTRY_POINT)
+    if CONTEXT_ENV_ID not in gymnasium.registry:
+        gymnasium.register(id=CONTEXT_ENV_ID, entry_point=CONTEXT_ENTRY_POINT)

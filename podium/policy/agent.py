@@ -7,6 +7,11 @@ the chosen actions back to the environment's layout. The cutting and index mappi
 environment's encoding (:class:`~podium.envs.swarm.observation.ObservationLayout`,
 :class:`~podium.envs.swarm.actions.ActionCodec`); the agent only applies them.
 
+Attention costs O(S²) and the pair rows O(S·A), so a batch mixing tasks of 5 and 60 subtasks
+pays for 60 on every row: :func:`act_by_size` cuts one pool's batch into forward passes by
+task size (:func:`size_buckets`), puts the logits back into the batch's layout and chooses
+once, so it samples exactly what :meth:`SwarmAgent.act` samples on the whole batch.
+
 A :class:`SwarmAgent` is bound to one layout (one pool: its action layout has ``A`` agents),
 but the network is not: any number of agents bind to one network, one per pool.
 :func:`act_mixed` decides for sessions on different pools in one forward pass, padding the
@@ -15,6 +20,8 @@ agents as well as the slots (:func:`podium.serving.contract.stack_padded`, the o
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +33,7 @@ from podium.envs.swarm.actions import ActionCodec
 from podium.envs.swarm.observation import ObservationLayout
 from podium.envs.swarm.state import SwarmState
 from podium.errors import ArtifactError
-from podium.policy.network import NetworkConfig, SwarmPolicyNet
+from podium.policy.network import MASKED_LOGIT, NetworkConfig, SwarmPolicyNet
 from podium.serving.contract import (
     PolicyInputs,
     PolicyOutputs,
@@ -197,6 +204,87 @@ class SwarmAgent:
         lp = log_p.gather(-1, a[:, None]).squeeze(-1)
         entropy = -(log_p.exp() * log_p).sum(-1)
         return lp, entropy, values, logits
+
+
+PASS_OVERHEAD_SLOT_ROWS = 100
+"""The fixed cost of one forward pass, in padded slot rows: a pass over ``B`` rows of ``S``
+slots costs about ``100 + B·S`` such rows on the default network (measured on one core: 0.55 ms
+for one row of 5 slots, 10.5 ms for 32 rows of 60; docs/training-profile.md). It decides how
+finely :func:`size_buckets` cuts a batch: a pass is worth splitting off only when it saves more
+padding than that."""
+
+
+def size_buckets(sizes: Sequence[int], overhead: int = PASS_OVERHEAD_SLOT_ROWS) -> list[list[int]]:
+    """Rows of a batch grouped into forward passes by their task's size (``sizes[i]``: row
+    ``i``'s subtasks), minimising ``Σ (overhead + rows · largest size)`` over the passes.
+
+    Rows are taken in order of size, so an optimal grouping cuts that order into runs; the
+    dynamic programme runs over the distinct sizes (at most the largest task's), not the rows.
+    Each pass lists its rows in increasing order; passes come smallest tasks first.
+    """
+    if not sizes:
+        return []
+    if min(sizes) < 1 or overhead < 0:
+        raise ValueError(f"sizes must be >= 1 and overhead >= 0, got {min(sizes)}, {overhead}")
+    distinct = sorted(set(sizes))
+    counts = [0] * len(distinct)
+    where = {s: k for k, s in enumerate(distinct)}
+    for s in sizes:
+        counts[where[s]] += 1
+    best = [0.0] + [math.inf] * len(distinct)  # best[j]: the cost of the j smallest sizes
+    cut = [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        rows = 0
+        for i in range(j - 1, -1, -1):  # the last pass covers distinct sizes i .. j-1
+            rows += counts[i]
+            cost = best[i] + overhead + rows * distinct[j - 1]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    bounds, j = [], len(distinct)
+    while j > 0:
+        bounds.append((distinct[cut[j]], distinct[j - 1]))
+        j = cut[j]
+    return [[r for r, s in enumerate(sizes) if lo <= s <= hi] for lo, hi in reversed(bounds)]
+
+
+@torch.no_grad()
+def act_by_size(
+    agent: SwarmAgent,
+    obs: NDArray[np.float32],
+    masks: NDArray[np.bool_],
+    sizes: Sequence[int],
+    *,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> ActResult:
+    """:meth:`SwarmAgent.act` on the whole batch (``used_slots`` = its largest task), with
+    the network run once per :func:`size_buckets` pass, each trimmed to its own largest task.
+
+    A row's logits do not depend on how many padding slots it was cut with (padding slots are
+    masked keys and invalid actions), so each pass's logits are put back into the batch's
+    layout (the START entries of the row's own slots, then WAIT and FINISH; the padding slots'
+    START entries :data:`~podium.policy.network.MASKED_LOGIT`, as the network masks them) and
+    the actions chosen once over the whole batch: the same generator draws, in the same order,
+    as :meth:`SwarmAgent.act` makes (equal up to float rounding of the logits).
+    """
+    if len(sizes) != len(obs):
+        raise ValueError(f"{len(obs)} observations but {len(sizes)} sizes")
+    used = max(sizes)
+    buckets = size_buckets(sizes)
+    if len(buckets) <= 1:
+        return agent.act(obs, masks, used, greedy=greedy, generator=generator)
+    full = agent.codec.with_slots(used)
+    logits = torch.full((len(sizes), full.size), MASKED_LOGIT)
+    values = torch.empty(len(sizes))
+    for rows in buckets:
+        n = max(sizes[r] for r in rows)
+        own_wait = agent.codec.with_slots(n).wait
+        part, part_values = agent.net(*agent.inputs(obs[rows], masks[rows], n))
+        idx = torch.as_tensor(rows)
+        logits[idx, :own_wait] = part[:, :own_wait]
+        logits[idx, full.wait :] = part[:, own_wait:]
+        values[idx] = part_values
+    return agent.select(logits, values, used, greedy=greedy, generator=generator)
 
 
 @dataclass(frozen=True, slots=True)

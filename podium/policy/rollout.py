@@ -27,7 +27,7 @@ from podium.envs.swarm.observation import ObservationLayout
 from podium.envs.swarm.planner import make_scheduler
 from podium.envs.swarm.scheduling import SchedulingPolicy
 from podium.envs.swarm.trajectory import ACTIONS_LABEL, ARGMAX, SAMPLED, episode_trajectory
-from podium.policy.agent import Group, SwarmAgent, act_mixed, guard_mask
+from podium.policy.agent import Group, SwarmAgent, act_by_size, act_mixed, guard_mask
 from podium.policy.decisions import Episode, EpisodeRecorder, decision_data
 from podium.v1 import trajectory_pb2
 
@@ -136,10 +136,21 @@ class _LockStep:
         generator: torch.Generator | None,
     ) -> _Choices:
         """The learned policy's decisions: one padded forward pass over every pool's sessions
-        (one group per layout, groups in order of first appearance)."""
+        (one group per layout, groups in order of first appearance); sessions of one pool
+        alone are cut into passes by task size (:func:`~podium.policy.agent.act_by_size`)."""
         rows: dict[ObservationLayout, list[int]] = {}
         for i, e in enumerate(order):
             rows.setdefault(self.envs[e].layout, []).append(i)
+        if len(rows) == 1:
+            res = act_by_size(
+                self.agent_for(self.envs[order[0]].layout),
+                np.stack([self.live[e].obs for e in order]),
+                np.stack(masks),
+                [len(self.envs[e].task.subtasks) for e in order],
+                greedy=greedy,
+                generator=generator,
+            )
+            return _Choices(res.actions, res.log_probs, res.values)
         groups = []
         for layout, idx in rows.items():
             envs = [order[i] for i in idx]

@@ -134,6 +134,12 @@ def score(
     """
     if not math.isfinite(progress) or progress < 0:
         raise InvalidTrajectoryError(f"progress: must be a finite number >= 0, got {progress}")
+    if trajectory.env == "context":
+        # The context environment has its own reward (Context-1 shape and detectors); the
+        # import is here because that module builds on ScoreBreakdown, defined above.
+        from podium.rewards.context import context_breakdown
+
+        return context_breakdown(trajectory, config.version or reward_version(config), progress)
     facts = extract_facts(trajectory, config.multi_stage)
     stages = C.stage_scores(facts)
     weights = component_weights(config, progress, tuple(s for s in STAGES if s in stages))

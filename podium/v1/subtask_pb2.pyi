@@ -185,6 +185,8 @@ class ToolCall(_message.Message):
     OK_FIELD_NUMBER: _builtins.int
     MALFORMED_FIELD_NUMBER: _builtins.int
     RESULT_DIGEST_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    ENDED_AT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Tool name."""
     arguments_json: _builtins.str
@@ -195,6 +197,10 @@ class ToolCall(_message.Message):
     """Whether the call itself was malformed (unparseable arguments, unknown tool)."""
     result_digest: _builtins.str
     """Short digest of the result, for redundancy detection."""
+    started_at: _builtins.float
+    """Wall-clock start of the call, Unix epoch seconds (0 when simulated)."""
+    ended_at: _builtins.float
+    """Wall-clock end of the call, Unix epoch seconds (0 when simulated)."""
     def __init__(
         self,
         *,
@@ -203,10 +209,12 @@ class ToolCall(_message.Message):
         ok: _builtins.bool = ...,
         malformed: _builtins.bool = ...,
         result_digest: _builtins.str = ...,
+        started_at: _builtins.float = ...,
+        ended_at: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "malformed", b"malformed", "name", b"name", "ok", b"ok", "result_digest", b"result_digest"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "ended_at", b"ended_at", "malformed", b"malformed", "name", b"name", "ok", b"ok", "result_digest", b"result_digest", "started_at", b"started_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -229,6 +237,11 @@ class SubtaskResult(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     VERIFIED_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
+    WALL_START_FIELD_NUMBER: _builtins.int
+    WALL_END_FIELD_NUMBER: _builtins.int
+    EXECUTOR_FIELD_NUMBER: _builtins.int
+    RUNNER_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session the work belongs to."""
     execution_id: _builtins.str
@@ -249,9 +262,21 @@ class SubtaskResult(_message.Message):
     """Error text when the outcome is not success."""
     verified: _builtins.bool
     """Whether a verifier confirmed the output."""
+    wall_start: _builtins.float
+    """Wall-clock start of the execution, Unix epoch seconds (every runner fills it)."""
+    wall_end: _builtins.float
+    """Wall-clock end of the execution, Unix epoch seconds."""
+    executor: _builtins.str
+    """Who executed it: the worker instance ("subagent_svc/<host>", an external worker's id)."""
+    runner: _builtins.str
+    """The agent's runner as the executor knew it: "simulated", "plugin" or "external"."""
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
         """Tool calls made."""
+
+    @_builtins.property
+    def context(self) -> Global___ExecutionContext:
+        """Exactly the context the execution was given (a copy of SubtaskAssigned.context)."""
 
     def __init__(
         self,
@@ -267,10 +292,15 @@ class SubtaskResult(_message.Message):
         tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
         error: _builtins.str = ...,
         verified: _builtins.bool = ...,
+        context: Global___ExecutionContext | None = ...,
+        wall_start: _builtins.float = ...,
+        wall_end: _builtins.float = ...,
+        executor: _builtins.str = ...,
+        runner: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "end_time", b"end_time", "error", b"error", "execution_id", b"execution_id", "outcome", b"outcome", "output", b"output", "session_id", b"session_id", "start_time", b"start_time", "subtask_id", b"subtask_id", "tool_calls", b"tool_calls", "verified", b"verified"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "context", b"context", "end_time", b"end_time", "error", b"error", "execution_id", b"execution_id", "executor", b"executor", "outcome", b"outcome", "output", b"output", "runner", b"runner", "session_id", b"session_id", "start_time", b"start_time", "subtask_id", b"subtask_id", "tool_calls", b"tool_calls", "verified", b"verified", "wall_end", b"wall_end", "wall_start", b"wall_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -42,6 +42,7 @@ from podium_app.bench_bus import (
     measure,
     parse_loads,
     report,
+    tracing,
 )
 from podium_app.commands import fail
 
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
             "bus": "kafka (--bus)" if args.bus else "kafka (a local secured broker of its own)",
             "machine_before": before,
             "machine_after": machine(),
+            "tracing": tracing(),
             "bus_path": "EventPublisher.publish -> KafkaBus.publish; EventConsumer",
             "raw_path": "aiokafka send_and_wait; getmany + commit per batch (podium.bus.raw)",
         }

@@ -196,6 +196,41 @@ def print_result(result: TrainResult) -> None:
     print(f"tensorboard: tensorboard --logdir {result.run_dir / 'tb'}")
 
 
+def bar_update(phase: str, f: dict[str, float], cfg: TrainConfig, start: str) -> dict[str, Any]:
+    """The progress bar's fields for one event of the job (``phase`` and its figures, see
+    :data:`podium_app.train.config.Progress`); ``start``: the first phase's description."""
+    if phase == "bc":
+        text = (
+            f"cpls val latency/bound {f['cpls_val']:.3f} · BC accuracy {f['accuracy']:.3f}"
+            if "accuracy" in f
+            else "collecting demonstrations"
+            if cfg.init is None
+            else f"starting from {cfg.init}"
+        )
+        # The bar counts PPO iterations again once cloning's sessions are collected.
+        return {"description": start, "figures": text, "completed": 0, "total": cfg.iterations}
+    if phase == "collect":
+        # Cloning's sessions counted on the bar (a planner teacher takes seconds each).
+        what = "demonstrations" if f["round"] == 0 else f"DAgger {f['round']:.0f} labels"
+        return {"completed": f["done"], "total": f["total"], "figures": what}
+    if phase == "ppo":
+        val = (
+            ""
+            if math.isnan(f["val"])
+            else f" · val {f['val']:.3f} (best {f['best']:.3f}, cpls {f['cpls_val']:.3f})"
+        )
+        return {
+            "completed": f["iteration"],
+            "total": cfg.iterations,
+            "description": "PPO",
+            "figures": (
+                f"latency/bound {f['ratio']:.3f} · completion {f['completion']:.2f}"
+                f" · reward {f['reward']:+.3f}{val}"
+            ),
+        }
+    return {"description": "held-out evaluation", "figures": ""}
+
+
 def run(args: argparse.Namespace) -> int:
     """Train (or go on with ``--resume``), showing live progress on stderr, then print the
     held-out table; 2 with a line naming the setting, flag or file when the options are
@@ -231,32 +266,7 @@ def run(args: argparse.Namespace) -> int:
         task = bar.add_task(start, total=cfg.iterations, figures="")
 
         def progress(phase: str, f: dict[str, float]) -> None:
-            if phase == "bc":
-                text = (
-                    f"cpls val latency/bound {f['cpls_val']:.3f} · BC accuracy {f['accuracy']:.3f}"
-                    if "accuracy" in f
-                    else "collecting demonstrations"
-                    if cfg.init is None
-                    else f"starting from {cfg.init}"
-                )
-                bar.update(task, description=start, figures=text)
-            elif phase == "ppo":
-                val = (
-                    ""
-                    if math.isnan(f["val"])
-                    else f" · val {f['val']:.3f} (best {f['best']:.3f}, cpls {f['cpls_val']:.3f})"
-                )
-                bar.update(
-                    task,
-                    completed=f["iteration"],
-                    description="PPO",
-                    figures=(
-                        f"latency/bound {f['ratio']:.3f} · completion {f['completion']:.2f}"
-                        f" · reward {f['reward']:+.3f}{val}"
-                    ),
-                )
-            else:
-                bar.update(task, description="held-out evaluation", figures="")
+            bar.update(task, **bar_update(phase, f, cfg, start))
             if not console.is_terminal:
                 # No live bar in logs and CI: one line per event instead.
                 shown = bar.tasks[0]

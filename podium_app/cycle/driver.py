@@ -12,8 +12,10 @@ Each run: the services as processes (:mod:`podium_app.cycle.deploy`), the initia
 live by an operator override, the sub-agents started with the drift's origin placed so that it
 bites ``--drift-at-s`` into the load, the load at ``--rate`` for ``--duration-s``
 (:mod:`podium_app.cycle.load`), a drain until every session finished, every process stopped
-whatever happened. Then the rule engines on the same sessions in the simulator and the windows
-table with the verdicts (:mod:`podium_app.cycle.measure`).
+whatever happened. Then the rule engines on the same sessions in the simulator, and the
+initial policy there on a statistics store frozen at the drift (the ``frozen_store`` arm:
+frozen weights *and* frozen knowledge of the agents, which the frozen run's live store is
+not), and the windows table with the verdicts (:mod:`podium_app.cycle.measure`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from podium.bus import KafkaBus
 from podium.envs.swarm.drift import load_drift
 from podium.envs.swarm.spec import default_pool
 from podium.errors import PodiumError
+from podium.policy.swarm import load_policy, resolve_checkpoint
 from podium.v1 import rollout_pb2
 from podium_app.bootstrap import (
     announce,
@@ -55,10 +58,12 @@ from podium_app.cycle.deploy import (
 )
 from podium_app.cycle.load import Submitter, Tail, create_topics
 from podium_app.cycle.measure import (
+    REFERENCE_ARMS,
     PlannedSession,
     cycle_tasks,
+    frozen_store_arm,
     plan_sessions,
-    reference_ratios,
+    replay_ratios,
     verdicts,
     window_table,
 )
@@ -320,10 +325,14 @@ async def run_all(config: CycleConfig, init: Path, say: Say) -> dict[str, Any]:
         # Always frozen first, whatever the flag's order: it must not inherit a promoted version.
         for name in [r for r in RUNS if r in config.runs]:
             results[name] = await run_once(name, config, conn, plan, init, say)
-    say("rule engines on the same sessions (simulator, true pool at each session's time)")
-    schedule = load_drift(config.drift)
+    say(
+        "rule engines and the initial policy on a store frozen at the drift, on the same "
+        "sessions (simulator, true pool at each session's time)"
+    )
+    net, _trained_for = load_policy(resolve_checkpoint(init))
+    arms = REFERENCE_ARMS | frozen_store_arm(net)
     refs = await asyncio.to_thread(
-        reference_ratios, plan, default_pool(), schedule, config.drift_at_s
+        replay_ratios, plan, default_pool(), load_drift(config.drift), config.drift_at_s, arms
     )
     rows = window_table(
         plan, {n: r.ratios for n, r in results.items()}, refs, config.window_s, config.windows

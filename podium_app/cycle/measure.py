@@ -6,6 +6,10 @@
   session on the *true* pool of its submission time (the drift scenario applied) — cpls on the
   advertised pool, and cpls-online reading a statistics store of its own fed by its own
   sessions in submission order (a cpls-online deployment serving the same traffic);
+  :func:`replay_ratios` replays any policy so (:class:`Replayed`), e.g. the initial learned
+  policy on a store that stops learning at the drift (:func:`frozen_store_arm`: frozen weights
+  *and* frozen knowledge of the agents, beside the frozen run's frozen weights on the live
+  store);
 * :func:`window_table` and :func:`verdicts`: per-window means and the acceptance verdicts.
 
 Why a simulated reference is fair: the live sessions' outcomes are a pure function of the
@@ -27,15 +31,48 @@ from podium.envs.swarm import SwarmEnv, TaskSpec
 from podium.envs.swarm.drift import DriftSchedule
 from podium.envs.swarm.generator import generate_suite
 from podium.envs.swarm.spec import PoolSpec
+from podium.errors import ConfigError
 from podium.observed import AgentStats
+from podium.policy.agent import SwarmAgent
+from podium.policy.network import SwarmPolicyNet
 from podium.policy.rollout import Job, run_episodes
 from podium.rollout.metrics import LATENCY_RATIO_CAP
-from podium.rollout.twins import rule_twin
+from podium.rollout.twins import TwinPolicy, learned_twin, rule_twin
 
 RECOVERY_TOLERANCE = 0.05
 """The live policy's latency/bound after the drift must come back within 5 % of before."""
 REFERENCES = ("cpls", "cpls-online")
 """The rule engines every window is compared with."""
+FROZEN_STORE = "frozen-store"
+"""The replayed arm of the initial policy on a store frozen at the drift (its window key
+``frozen_store``)."""
+STORES = ("none", "live", "until-drift")
+"""What a replayed policy's statistics store is (:attr:`Replayed.store`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """A policy replayed on the planned sessions in the simulator, beside the runs."""
+
+    policy: TwinPolicy
+    """A rule engine or a learned version (greedy), in the environment the orchestrator gives
+    it (:meth:`TwinPolicy.env_config`)."""
+    store: str = "live"
+    """``"none"``: no statistics store (the advertisement only); ``"live"``: a store of its
+    own fed by its own sessions in submission order, as a deployment's is; ``"until-drift"``:
+    that store fed until the drift and only read after it — a deployment that stopped learning
+    about its agents when they changed."""
+
+    def __post_init__(self) -> None:
+        if self.store not in STORES:
+            raise ConfigError(f"store must be one of {', '.join(STORES)}, got {self.store!r}")
+
+
+REFERENCE_ARMS = {
+    "cpls": Replayed(rule_twin("rules:cpls"), "none"),
+    "cpls-online": Replayed(rule_twin("rules:cpls-online"), "live"),
+}
+""":data:`REFERENCES` as replayed arms."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,41 +132,41 @@ def drift_time(at_s: float, drift_at_s: float, schedule: DriftSchedule) -> float
 
 
 def _replay(
-    rule: str,
+    arm: Replayed,
     group: Sequence[PlannedSession],
     nominal: PoolSpec,
     true_pool: PoolSpec,
     stats: AgentStats | None,
+    feed: bool,
 ) -> list[float]:
-    """Each session of ``group`` under the rule engine ``rule``, its latency/bound."""
-    policy = rule_twin(f"rules:{rule}")
+    """Each session of ``group`` under ``arm``'s policy, its latency/bound; the sessions feed
+    ``stats`` when ``feed``."""
+    policy = arm.policy
     slots = max(policy.slots(len(s.task.subtasks)) for s in group)
-    config = replace(policy.env_config(slots), feed_stats=stats is not None)
+    config = replace(policy.env_config(slots), feed_stats=feed and stats is not None)
     named = {s.task.name: s.task for s in group}
     envs = SwarmEnv.replicas(
         min(16, len(group)), list(named.values()), nominal, config, true_pool=true_pool, stats=stats
     )
-    episodes, _ = run_episodes(envs, [Job(s.task, s.seed) for s in group], rule=rule)
+    jobs = [Job(s.task, s.seed) for s in group]
+    if policy.rule is not None:
+        episodes, _ = run_episodes(envs, jobs, rule=policy.rule)
+    else:
+        assert policy.net is not None
+        agent = SwarmAgent(envs[0].layout, net=policy.net)
+        episodes, _ = run_episodes(envs, jobs, agent=agent, greedy=True)
     return [
         ratio(float(e.info["latency"]), float(e.info["lower_bound"]), bool(e.info["completed"]))
         for e in episodes
     ]
 
 
-def reference_ratios(
-    plan: Sequence[PlannedSession],
-    nominal: PoolSpec,
-    schedule: DriftSchedule,
-    drift_at_s: float,
-    chunk: int = 64,
-) -> dict[str, list[float]]:
-    """Per rule engine of :data:`REFERENCES`, each planned session's latency/bound (plan
-    order), replayed in the simulator on the true pool of its submission time."""
-    truth = nominal.true_spec()
-    out: dict[str, list[float]] = {name: [] for name in REFERENCES}
-    store = AgentStats()
-    # In submission order, a chunk at a time and one drift phase per run: cpls-online's store
-    # then holds what its own earlier sessions showed it, as a deployment's would.
+def _phase_groups(
+    plan: Sequence[PlannedSession], schedule: DriftSchedule, drift_at_s: float, chunk: int
+) -> list[tuple[int, int, float]]:
+    """The plan cut into runs of at most ``chunk`` sessions of one drift phase: (start, end,
+    drift time of the first)."""
+    out = []
     i = 0
     while i < len(plan):
         t = drift_time(plan[i].at_s, drift_at_s, schedule)
@@ -141,12 +178,55 @@ def reference_ratios(
             and schedule.phase(drift_time(plan[j].at_s, drift_at_s, schedule)) == phase
         ):
             j += 1
-        group = plan[i:j]
-        true_pool = schedule.pool_at(truth, t)
-        out["cpls"] += _replay("cpls", group, nominal.advertised(), true_pool, None)
-        out["cpls-online"] += _replay("cpls-online", group, nominal.advertised(), true_pool, store)
+        out.append((i, j, t))
         i = j
     return out
+
+
+def replay_ratios(
+    plan: Sequence[PlannedSession],
+    nominal: PoolSpec,
+    schedule: DriftSchedule,
+    drift_at_s: float,
+    arms: Mapping[str, Replayed],
+    chunk: int = 64,
+) -> dict[str, list[float]]:
+    """Per arm, each planned session's latency/bound (plan order), replayed in the simulator
+    on the true pool of its submission time."""
+    truth = nominal.true_spec()
+    out: dict[str, list[float]] = {name: [] for name in arms}
+    stores = {name: None if arm.store == "none" else AgentStats() for name, arm in arms.items()}
+    # In submission order, a chunk at a time and one drift phase per run: a store then holds
+    # what its own earlier sessions showed it, as a deployment's would.
+    for i, j, t in _phase_groups(plan, schedule, drift_at_s, chunk):
+        group = plan[i:j]
+        true_pool = schedule.pool_at(truth, t)
+        before = group[0].at_s < drift_at_s
+        for name, arm in arms.items():
+            feed = arm.store == "live" or (arm.store == "until-drift" and before)
+            out[name] += _replay(arm, group, nominal.advertised(), true_pool, stores[name], feed)
+    return out
+
+
+def reference_ratios(
+    plan: Sequence[PlannedSession],
+    nominal: PoolSpec,
+    schedule: DriftSchedule,
+    drift_at_s: float,
+    chunk: int = 64,
+) -> dict[str, list[float]]:
+    """Per rule engine of :data:`REFERENCES`, each planned session's latency/bound (plan
+    order), replayed in the simulator on the true pool of its submission time."""
+    return replay_ratios(plan, nominal, schedule, drift_at_s, REFERENCE_ARMS, chunk)
+
+
+def frozen_store_arm(net: SwarmPolicyNet) -> dict[str, Replayed]:
+    """The frozen policy of the acceptance: the initial weights (``net``) reading a store that
+    its own sessions feed until the drift and nothing after it. The frozen *run* serves the
+    same weights on the orchestrators' live store, which keeps learning the agents: a policy
+    that reads observed estimates then recovers from a drift the observations show without
+    any new weights, and that run alone cannot tell the learner's part."""
+    return {FROZEN_STORE: Replayed(learned_twin("1", net), "until-drift")}
 
 
 def window_of(at_s: float, window_s: float, windows: int) -> int:
@@ -204,10 +284,15 @@ def verdicts(
 ) -> dict[str, Any]:
     """The acceptance verdicts (None where a run is missing): the continuous run's end within
     :data:`RECOVERY_TOLERANCE` of its pre-drift level and at or below the better rule engine at
-    the end, while the frozen run does not do both; plus the drift's visibility (frozen
-    post-drift above pre-drift)."""
+    the end, while the frozen policy does not do both (the replayed ``frozen_store`` arm when
+    the rows have it, else the frozen run; both are reported); plus the drift's visibility
+    (frozen post-drift above pre-drift)."""
     span = phases(rows, drift_at_s, tail_windows)
-    keys = [k for k in ("continuous", "frozen", "cpls", "cpls_online") if rows and k in rows[0]]
+    keys = [
+        k
+        for k in ("continuous", "frozen", "frozen_store", "cpls", "cpls_online")
+        if rows and k in rows[0]
+    ]
     level = {f"{k}_{p}": _span_mean(span[p], k) for k in keys for p in ("pre", "post", "end")}
     rules = [v for v in (level.get("cpls_end"), level.get("cpls_online_end")) if v is not None]
     best_rule = min(rules) if rules else None
@@ -224,7 +309,7 @@ def verdicts(
 
     cont_end = level.get("continuous_end")
     frozen_pre, frozen_post = level.get("frozen_pre"), level.get("frozen_post")
-    frozen_holds = holds("frozen")
+    frozen_holds, store_holds = holds("frozen"), holds("frozen_store")
     out: dict[str, Any] = {
         "levels": level,
         "better_rule_end": best_rule,
@@ -234,29 +319,36 @@ def verdicts(
         ),
         "frozen_recovered": recovered("frozen"),
         "frozen_fails": None if frozen_holds is None else not frozen_holds,
+        "frozen_store_recovered": recovered("frozen_store"),
+        "frozen_store_fails": None if store_holds is None else not store_holds,
         "drift_visible": (
             None if frozen_pre is None or frozen_post is None else frozen_post > frozen_pre
         ),
     }
-    parts = [
-        out["continuous_recovered"],
-        out["continuous_at_or_below_rules"],
-        out["frozen_fails"],
-    ]
+    # The frozen policy of the acceptance is the one nothing updates, weights nor store, when
+    # it was replayed; the frozen run (frozen weights, live store) otherwise.
+    frozen_fails = out["frozen_store_fails"] if "frozen_store" in keys else out["frozen_fails"]
+    parts = [out["continuous_recovered"], out["continuous_at_or_below_rules"], frozen_fails]
     out["accepted"] = None if any(p is None for p in parts) else all(parts)
     return out
 
 
 __all__ = [
+    "FROZEN_STORE",
     "RECOVERY_TOLERANCE",
     "REFERENCES",
+    "REFERENCE_ARMS",
+    "STORES",
     "PlannedSession",
+    "Replayed",
     "cycle_tasks",
     "drift_time",
+    "frozen_store_arm",
     "phases",
     "plan_sessions",
     "ratio",
     "reference_ratios",
+    "replay_ratios",
     "verdicts",
     "window_of",
     "window_table",

@@ -14,6 +14,7 @@ from podium_app.rollout_report import STYLE, _e, _plt
 SERIES = (
     ("continuous", "continuous (learner + rollout)", "tab:green", "o-"),
     ("frozen", "frozen (initial policy)", "tab:red", "s-"),
+    ("frozen_store", "frozen policy, store frozen at the drift", "tab:orange", "^-"),
     ("cpls", "cpls (advertised profiles)", "k", "--"),
     ("cpls_online", "cpls-online (observed profiles)", "tab:gray", ":"),
 )
@@ -70,11 +71,12 @@ def table_text(result: Mapping[str, Any]) -> str:
     lines.append(
         "verdicts: "
         + ", ".join(
-            f"{k}={_fmt(v[k])}"
+            f"{k}={_fmt(v.get(k))}"
             for k in (
                 "continuous_recovered",
                 "continuous_at_or_below_rules",
                 "frozen_fails",
+                "frozen_store_fails",
                 "drift_visible",
                 "accepted",
             )
@@ -131,8 +133,8 @@ def write_report(result: Mapping[str, Any], out: Path) -> Path:
 <p>Drift <code>{_e(cfg["drift"])}</code> at {cfg["drift_at_s"]:g} s of a {cfg["duration_s"]:g} s
 load at {cfg["rate"]:g} sessions/s, {cfg["replicas"]} orchestrator replica(s), controller cycle
 {cfg["cycle_s"]:g} s, seed {cfg["seed"]}. Runs: mean latency/bound of the sessions the learned
-policy decided; rule engines: the same sessions in the simulator on the true pool of their
-time (docs/cycle.md).</p>
+policy decided; rule engines, and the initial policy on a statistics store frozen at the
+drift: the same sessions in the simulator on the true pool of their time (docs/cycle.md).</p>
 <img src="latency.png">
 <h2>Windows</h2>{_windows_html(result)}
 <h2>Verdicts</h2><table>{verdicts}</table>

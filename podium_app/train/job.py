@@ -204,24 +204,27 @@ def _init_net(path: Path) -> SwarmPolicyNet:
 
 def _clone(run: _Run, agent: SwarmAgent, teacher: str) -> list[dict[str, float]]:
     """Behaviour cloning of ``teacher``'s sessions on the training tasks, then the configured
-    DAgger rounds; the history of every pass."""
+    DAgger rounds; the history of every pass. Each collection shows its count of sessions
+    (:func:`_counter`): a planner teacher costs seconds a session."""
     cfg = run.config
     demo_jobs = [
         Job(t, int(run.rng.integers(1 << 31)))
         for _ in range(cfg.bc_demos_per_task)
         for t in run.tasks.train
     ]
-    demos, _ = by_pool(demo_jobs, _draw_pools(run, len(demo_jobs)), _rule(run, teacher))
+    count = _counter(run, 0, len(demo_jobs))
+    demos, _ = by_pool(demo_jobs, _draw_pools(run, len(demo_jobs)), _rule(run, teacher, count))
     history = _cloning(run, agent, demos, cfg.bc_epochs)
     data = list(demos)
     for rnd in range(cfg.dagger_rounds):
         # DAgger: the cloned policy drives, the teacher labels the states it reaches, and the
         # policy is cloned again on everything so far.
         dagger_jobs = [Job(t, int(run.rng.integers(1 << 31))) for t in run.tasks.train]
+        count = _counter(run, rnd + 1, len(dagger_jobs))
         labelled, _ = by_pool(
             dagger_jobs,
             _draw_pools(run, len(dagger_jobs)),
-            _learned(run, agent.net, greedy=rnd % 2 == 0, teacher=teacher),
+            _learned(run, agent.net, greedy=rnd % 2 == 0, teacher=teacher, on_episode=count),
         )
         agreement = float(
             np.mean(
@@ -235,6 +238,31 @@ def _clone(run: _Run, agent: SwarmAgent, teacher: str) -> list[dict[str, float]]
             h["dagger_agreement"] = agreement
         history += more
     return history
+
+
+PROGRESS_EVERY_S = 1.0
+"""Least seconds between two progress reports of one collection (the last is always shown):
+without a terminal each report is a log line."""
+
+
+def _counter(run: _Run, dagger_round: int, total: int) -> Callable[[Episode], None]:
+    """An ``on_episode`` callback that reports the sessions of one collection done out of
+    ``total`` as phase ``"collect"`` (``{"done", "total", "round"}``; round 0: the teacher's
+    demonstrations, r: DAgger round r's labelled sessions); the first report, 0 done, at
+    once, then at most one a :data:`PROGRESS_EVERY_S`, and always the last."""
+    done, last = 0, time.monotonic()
+    figures = {"total": float(total), "round": float(dagger_round)}
+    run.say("collect", {"done": 0.0, **figures})
+
+    def on_episode(_ep: Episode) -> None:
+        nonlocal done, last
+        done += 1
+        now = time.monotonic()
+        if done == total or now - last >= PROGRESS_EVERY_S:
+            last = now
+            run.say("collect", {"done": float(done), **figures})
+
+    return on_episode
 
 
 def _cloning(
@@ -270,17 +298,23 @@ def _draw_pools(run: _Run, n: int) -> list[int] | None:
 
 
 def _rule(
-    run: _Run, rule: str
+    run: _Run, rule: str, on_episode: Callable[[Episode], None] | None = None
 ) -> Callable[[int, list[Job]], tuple[list[Episode], list[trajectory_pb2.Trajectory]]]:
-    """A :func:`by_pool` runner of rule engine ``rule`` on the actor's pools."""
-    return lambda p, mine: run_episodes(run.actor.pools[p], mine, rule=rule)
+    """A :func:`by_pool` runner of rule engine ``rule`` on the actor's pools (``on_episode``
+    called as each session ends)."""
+    return lambda p, mine: run_episodes(run.actor.pools[p], mine, rule=rule, on_episode=on_episode)
 
 
 def _learned(
-    run: _Run, net: SwarmPolicyNet, *, greedy: bool, teacher: str
+    run: _Run,
+    net: SwarmPolicyNet,
+    *,
+    greedy: bool,
+    teacher: str,
+    on_episode: Callable[[Episode], None] | None = None,
 ) -> Callable[[int, list[Job]], tuple[list[Episode], list[trajectory_pb2.Trajectory]]]:
     """A :func:`by_pool` runner of network ``net`` on the actor's pools, labelled by
-    ``teacher`` (DAgger)."""
+    ``teacher`` (DAgger; ``on_episode`` called as each session ends)."""
     return lambda p, mine: run_episodes(
         run.actor.pools[p],
         mine,
@@ -288,6 +322,7 @@ def _learned(
         greedy=greedy,
         teacher=teacher,
         generator=run.actor.generator,
+        on_episode=on_episode,
     )
 
 

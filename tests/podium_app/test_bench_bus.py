@@ -12,13 +12,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from podium import codec
 from podium.errors import ConfigError
 from podium.v1 import envelope_pb2
 from podium_app.bench_bus import (
+    SESSION_EVENTS,
     WARMUP_KEY,
     BenchSettings,
+    Sessions,
     Tally,
     due_events,
     max_outstanding,
@@ -162,6 +168,27 @@ async def test_saturation_keeps_in_flight_publishes_going() -> None:
     assert peak == 8
     assert production.sent == len(seen) > 8  # each index once
     assert seen == set(range(production.sent))
+
+
+def test_the_bus_path_publishes_each_session_in_one_trace_ended_with_its_last_event() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    sessions = Sessions(provider.get_tracer("t"))
+
+    def trace_of(i: int) -> int:
+        return int(trace.get_current_span(sessions.context(i)).get_span_context().trace_id)
+
+    first = {trace_of(i) for i in range(SESSION_EVENTS)}
+    assert len(first) == 1 and trace_of(SESSION_EVENTS) not in first
+    for i in range(SESSION_EVENTS - 1):
+        sessions.published(i)
+    assert exporter.get_finished_spans() == ()
+    sessions.published(SESSION_EVENTS - 1)
+    (ended,) = exporter.get_finished_spans()
+    assert ended.context.trace_id in first
+    sessions.close()  # the next session, still open
+    assert len(exporter.get_finished_spans()) == 2
 
 
 # -- settings and flags ----------------------------------------------------------------------

@@ -12,15 +12,20 @@ import pytest
 
 from podium.envs.swarm.drift import load_drift
 from podium.envs.swarm.spec import default_pool
+from podium.rollout.twins import rule_twin
 from podium_app.cli import main
 from podium_app.cycle.config import CycleConfig, validate
 from podium_app.cycle.load import index_of, session_id
 from podium_app.cycle.measure import (
+    FROZEN_STORE,
+    Replayed,
     cycle_tasks,
     drift_time,
+    frozen_store_arm,
     plan_sessions,
     ratio,
     reference_ratios,
+    replay_ratios,
     verdicts,
     window_of,
     window_table,
@@ -194,3 +199,61 @@ def test_report_and_table(tmp_path: Path) -> None:
     assert "&lt;evidence&gt;" in html and "cpls_online" in html
     text = table_text(result)
     assert "accepted=True" in text and len(text.splitlines()) == 2 + len(rows)
+
+
+def test_a_store_frozen_at_the_drift_stops_learning_the_agents() -> None:
+    """The same rule engine on a store fed throughout (cpls-online) and on one fed only until
+    the drift: identical before it, and after it the frozen store's sessions keep sending work
+    to the slowed specialist, so they are slower — what the frozen arm of the acceptance is."""
+    plan = plan_sessions(cycle_tasks(6, 0), 160, 4.0, 0)
+    online = rule_twin("rules:cpls-online")
+    refs = replay_ratios(
+        plan,
+        default_pool(),
+        load_drift("slow-specialist"),
+        12.0,
+        {"live": Replayed(online, "live"), "frozen": Replayed(online, "until-drift")},
+    )
+    pre = [i for i, s in enumerate(plan) if s.at_s < 12]
+    post = [i for i, s in enumerate(plan) if s.at_s >= 20]  # the live store has seen the drift
+    assert [refs["live"][i] for i in pre] == [refs["frozen"][i] for i in pre]
+    mean = lambda idx, arm: sum(refs[arm][i] for i in idx) / len(idx)  # noqa: E731
+    assert mean(post, "frozen") > 1.05 * mean(post, "live")
+
+
+def test_the_frozen_store_arm_replays_a_learned_policy_and_bad_stores_are_refused() -> None:
+    import torch
+
+    from podium.envs.swarm import EnvConfig
+    from podium.envs.swarm.env import SwarmEnv
+    from podium.errors import ConfigError
+    from podium.policy.agent import SwarmAgent
+
+    plan = plan_sessions(cycle_tasks(3, 0), 12, 4.0, 0)
+    layout = SwarmEnv(cycle_tasks(3, 0), default_pool(), EnvConfig(max_subtasks=10)).layout
+    torch.manual_seed(0)
+    net = SwarmAgent(layout).net  # untrained: the arm's mechanics, not its figures
+    arms = frozen_store_arm(net)
+    assert arms[FROZEN_STORE].store == "until-drift" and arms[FROZEN_STORE].policy.net is net
+    got = replay_ratios(plan, default_pool(), load_drift("slow-specialist"), 1.0, arms)
+    assert len(got[FROZEN_STORE]) == 12 and all(0 < r <= 4.0 for r in got[FROZEN_STORE])
+    with pytest.raises(ConfigError, match="store must be one of none, live, until-drift"):
+        Replayed(rule_twin("rules:cpls"), "sometimes")
+
+
+def test_the_acceptance_reads_the_frozen_store_arm_when_there_is_one() -> None:
+    """A frozen run that recovers through its live store no longer decides the verdict: the
+    frozen policy of the acceptance is the one whose store stopped at the drift."""
+    plan = plan_sessions(cycle_tasks(2, 0), 5, 1.0, 0)
+    runs = {
+        "continuous": dict(enumerate([1.4, 1.4, 2.0, 1.6, 1.42])),
+        "frozen": dict(enumerate([1.4, 1.4, 2.0, 1.5, 1.40])),  # recovers: the store
+    }
+    refs = {"cpls": [2.2] * 5, "cpls-online": [1.45] * 5}
+    rows = window_table(plan, runs, refs, 1.0, 5)
+    assert verdicts(rows, 2.0)["accepted"] is False  # the frozen run holds
+    stale = {**refs, FROZEN_STORE: [1.4, 1.4, 2.0, 2.0, 2.0]}
+    v = verdicts(window_table(plan, runs, stale, 1.0, 5), 2.0)
+    assert v["frozen_fails"] is False and v["frozen_store_fails"] is True
+    assert v["frozen_store_recovered"] is False and v["accepted"] is True
+    assert v["levels"]["frozen_store_end"] == 2.0

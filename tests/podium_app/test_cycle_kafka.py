@@ -61,7 +61,7 @@ def test_bench_cycle_end_to_end(kafka_bootstrap: str, tmp_path: Path) -> None:
     windows = result["windows"]
     assert len(windows) == round(DURATION_S / WINDOW_S)
     for w in windows:
-        for key in ("frozen", "continuous", "cpls", "cpls_online"):
+        for key in ("frozen", "continuous", "cpls", "cpls_online", "frozen_store"):
             assert w[key]["sessions"] > 0 and w[key]["mean"] >= 1.0, (key, w)
     verdicts = result["verdicts"]
     levels = verdicts["levels"]
@@ -71,6 +71,7 @@ def test_bench_cycle_end_to_end(kafka_bootstrap: str, tmp_path: Path) -> None:
         "continuous_recovered",
         "continuous_at_or_below_rules",
         "frozen_fails",
+        "frozen_store_fails",
         "accepted",
     }
     continuous = result["runs"]["continuous"]

@@ -35,7 +35,7 @@ _SUBTASK_KEYS = frozenset({"id", "kind", "work", "deps", "splittable", "sensitiv
 _POOL_KEYS = frozenset(
     {"name", "max_parallel", "main_step_cost", "split_overhead", "agents", "drift"}
 )
-_AGENT_KEYS = frozenset({"name", "kinds", "true"})
+_AGENT_KEYS = frozenset({"name", "kinds", "true", "runner", "plugin", "options"})
 _PROFILE_KEYS = frozenset({"speed", "success", "noise"})
 
 
@@ -89,6 +89,31 @@ class KindProfile:
     """σ of the mean-one lognormal factor on the duration (0 = deterministic)."""
 
 
+RUNNER_SIMULATED = "simulated"
+"""Runner of an agent simulated from its profile (subagent_svc samples the outcome)."""
+RUNNER_PLUGIN = "plugin"
+"""Runner of an agent that is a Python plug-in (:mod:`podium.subagents`) run by subagent_svc."""
+RUNNER_EXTERNAL = "external"
+"""Runner of an agent executed by a process outside Podium (docs/subagent-contract.md):
+subagent_svc leaves its assignments alone."""
+RUNNERS: tuple[str, ...] = (RUNNER_SIMULATED, RUNNER_PLUGIN, RUNNER_EXTERNAL)
+"""Every runner a pool spec may name."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRunner:
+    """Who executes an agent's assignments (the pool spec's ``runner:``, ``plugin:`` and
+    ``options:``). Planners never read it: they plan on the advertised profiles whatever runs
+    the work, and learn the truth from what is observed."""
+
+    kind: str = RUNNER_SIMULATED
+    """One of :data:`RUNNERS`."""
+    plugin: str = ""
+    """The plug-in's entry-point name (``runner: plugin`` only)."""
+    options: Mapping[str, str] = field(default_factory=dict)
+    """Options handed to the plug-in's factory (``runner: plugin`` only)."""
+
+
 @dataclass(frozen=True, slots=True)
 class AgentSpec:
     """One kind of frozen sub-agent; unlimited instances, bounded only by max_parallel."""
@@ -97,6 +122,8 @@ class AgentSpec:
     """Unique agent name (e.g. ``"ui-specialist"``)."""
     kinds: Mapping[str, KindProfile]
     """Profile per kind it can do; ``"*"`` covers every kind not listed explicitly."""
+    runner: AgentRunner = AgentRunner()
+    """Who executes its assignments (default: simulated from its profile)."""
 
     def profile(self, kind: str) -> KindProfile | None:
         """The profile this agent uses for ``kind``, or None if it cannot do it."""
@@ -386,7 +413,62 @@ def _true_agent(raw_true: Any, agent: AgentSpec, where: str, source: str) -> Age
                 field=kw,
             )
         kinds[kind] = _profile(prof, kw, source, advertised)
-    return AgentSpec(name=agent.name, kinds=kinds)
+    return replace(agent, kinds=kinds)
+
+
+def _options(value: Any, where: str, source: str) -> dict[str, str]:
+    """A plug-in's ``options:``: a mapping of names to scalars, each kept as text (numbers
+    written unquoted in YAML are accepted and stringified; lists, mappings, booleans and nulls
+    are refused, since a factory receives strings only)."""
+    if not isinstance(value, Mapping):
+        raise SpecError(
+            f"{_prefix(source)}{where}.options must be a mapping of name -> value", field=where
+        )
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key:
+            raise SpecError(
+                f"{_prefix(source)}{where}.options: names must be strings, got {key!r}",
+                field=f"{where}.options",
+            )
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            raise SpecError(
+                f"{_prefix(source)}{where}.options.{key} must be a string or a number, "
+                f"got {item!r}",
+                field=f"{where}.options.{key}",
+            )
+        out[key] = str(item)
+    return out
+
+
+def _runner(raw: Mapping[str, Any], where: str, source: str) -> AgentRunner:
+    """The agent's ``runner:`` (default simulated), with ``plugin:`` and ``options:`` allowed
+    and ``plugin:`` required exactly when it is ``plugin``; ``true:`` only for a simulated
+    agent (a real agent's behaviour is measured, not declared)."""
+    kind = raw.get("runner", RUNNER_SIMULATED)
+    if kind not in RUNNERS:
+        raise SpecError(
+            f"{_prefix(source)}{where}.runner must be one of {', '.join(RUNNERS)}, got {kind!r}",
+            field=f"{where}.runner",
+        )
+    if kind != RUNNER_SIMULATED and "true" in raw:
+        raise SpecError(
+            f"{_prefix(source)}{where}.true is only for simulated agents: the behaviour of a "
+            f"{kind!r} agent is measured, not declared",
+            field=f"{where}.true",
+        )
+    if kind != RUNNER_PLUGIN:
+        for key in ("plugin", "options"):
+            if key in raw:
+                raise SpecError(
+                    f"{_prefix(source)}{where}.{key} is only for runner: plugin "
+                    f"(runner is {kind!r})",
+                    field=f"{where}.{key}",
+                )
+        return AgentRunner(kind=kind)
+    plugin = _str(raw.get("plugin"), f"{where}.plugin", source)
+    options = _options(raw.get("options", {}), where, source)
+    return AgentRunner(kind=kind, plugin=plugin, options=options)
 
 
 def _agent(raw: Any, pos: int, source: str) -> tuple[AgentSpec, AgentSpec | None]:
@@ -407,7 +489,7 @@ def _agent(raw: Any, pos: int, source: str) -> tuple[AgentSpec, AgentSpec | None
         if not isinstance(kind, str) or not kind:
             raise SpecError(f"{_prefix(source)}{where}: kind names must be strings", field=name)
         profiles[kind] = _profile(prof, f"{where}.kinds.{kind}", source)
-    agent = AgentSpec(name=name, kinds=profiles)
+    agent = AgentSpec(name=name, kinds=profiles, runner=_runner(raw, where, source))
     if "true" not in raw:
         return agent, None
     return agent, _true_agent(raw["true"], agent, where, source)

@@ -330,3 +330,36 @@ def test_training_stores_start_warm_and_feed_as_configured(tmp_path: Path, feed:
     assert (stores[0].version > warmed[0]) == (feed == "sessions")
     cold = training_envs(replace(config, store_warmup=0), tasks, pools[:1], env_cfg)
     assert cold[0][0].stats is not None and cold[0][0].stats.version == 0
+
+
+async def test_cloning_counts_its_sessions_for_the_progress_display(tmp_path: Path) -> None:
+    """A planner teacher costs seconds a session, so collecting its demonstrations and each
+    DAgger round's labels reports sessions done out of the total (phase ``collect``): from 0,
+    never backwards, ending at the total (training tasks x demonstrations per task; one
+    session per training task in a DAgger round)."""
+    reports: list[tuple[str, dict[str, float]]] = []
+    config = small_config(
+        tmp_path / "run",
+        teacher="planner-online",
+        bc_demos_per_task=2,
+        dagger_rounds=1,
+        iterations=1,
+    )
+    result = await train(config, lambda phase, figures: reports.append((phase, dict(figures))))
+    assert result.exit_codes == {"reward_svc": 0, "learner_svc": 0}
+    collect = [f for phase, f in reports if phase == "collect"]
+    train_tasks = len(result.summary["config"]["training"]["tasks"]["train"])
+    assert train_tasks > 0
+    for rnd, total in ((0, 2 * train_tasks), (1, train_tasks)):
+        done = [f["done"] for f in collect if f["round"] == rnd]
+        assert {f["total"] for f in collect if f["round"] == rnd} == {total}
+        assert done[0] == 0 and done[-1] == total and done == sorted(done), (rnd, done)
+    # Demonstrations first, then the DAgger round, both before the first PPO iteration.
+    phases = [phase for phase, _ in reports]
+    assert phases.index("collect") < phases.index("ppo")
+    assert [f["round"] for f in collect] == sorted(f["round"] for f in collect)
+    # `podium train` shows them on its bar.
+    from podium_app.commands.train import bar_update
+
+    shown = bar_update("collect", collect[-1], config, "behaviour cloning")
+    assert shown == {"completed": train_tasks, "total": train_tasks, "figures": "DAgger 1 labels"}
