@@ -30,7 +30,7 @@ from podium.metrics import record_reward
 from podium.rewards import RewardConfig
 from podium.rewards.events import score_envelope
 from podium.service import ServiceShell
-from podium.v1 import envelope_pb2
+from podium.v1 import envelope_pb2, reward_pb2
 from reward_svc.config import SERVICE, RewardServiceConfig
 
 _log = logging.getLogger(SERVICE)
@@ -46,9 +46,6 @@ def score_trajectory(
     """The scored trajectory of one trajectory event (:func:`score_envelope`) as an output of
     the transaction."""
     scored = score_envelope(envelope, reward, fixed_progress=fixed_progress)
-    # Counted when scored, not when committed: a transaction retried after an abort counts
-    # its trajectories again (rare; the dashboards read rates, not exact totals).
-    record_reward(SERVICE, scored.message.components, scored.message.penalties)
     return Output(
         out_topic,
         scored.message,
@@ -57,6 +54,14 @@ def score_trajectory(
         idempotency_key=scored.event_id,
         occurred_at=scored.occurred_at,
     )
+
+
+def count_committed(outputs: Sequence[Output]) -> None:
+    """Reward metrics of a committed transaction's scored trajectories: counted at commit, so
+    a transaction aborted and processed again counts its trajectories once."""
+    for out in outputs:
+        if isinstance(out.message, reward_pb2.ScoredTrajectory):
+            record_reward(SERVICE, out.message.components, out.message.penalties)
 
 
 class RewardApp:
@@ -82,6 +87,7 @@ class RewardApp:
                 poll_timeout_s=config.poll_timeout_ms / 1000,
                 partitions=config.topic_partitions,
                 max_attempts=config.max_attempts,
+                on_committed=count_committed,
             )
         )
         """The consume-score-produce loop (its ``stats`` say what was committed)."""

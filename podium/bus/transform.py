@@ -126,6 +126,7 @@ class _Tally:
     """What the open transaction did; counted into the stats once it commits."""
 
     ids: list[str] = field(default_factory=list)
+    outputs: list[Output] = field(default_factory=list)
     transformed: int = 0
     produced: int = 0
     dead_lettered: int = 0
@@ -160,6 +161,7 @@ class Transformer:
         dedupe_capacity: int = 100_000,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         client_id: str = "",
+        on_committed: Callable[[Sequence[Output]], None] | None = None,
     ) -> None:
         """
         Args:
@@ -184,6 +186,9 @@ class Transformer:
             max_attempts: tries of one record whose transform keeps failing with retriable
                 errors before it is dead-lettered with the last error.
             client_id: name of this member in broker logs (defaults to producer_name).
+            on_committed: called with a transaction's outputs once it committed (never for
+                an aborted one, whose batch is processed again): where counting them, e.g.
+                in metrics, must count each exactly once.
         """
         _check_settings(topics, producer_name, max_batch, retry_backoff_s, retry_backoff_max_s)
         if max_attempts < 1:
@@ -194,6 +199,7 @@ class Transformer:
         self.transform = transform
         self.transactional_id_prefix = transactional_id_prefix
         self.max_attempts = max_attempts
+        self.on_committed = on_committed
         self.producer_name = producer_name
         self.output_topics = tuple(output_topics)
         self.max_batch = max_batch
@@ -358,6 +364,8 @@ class Transformer:
         s.duplicates += tally.duplicates
         if tally.dead_lettered:  # counted once committed: an aborted dead letter never was
             record_dead_letters(tp[0], self.group_id, tally.dead_lettered)
+        if self.on_committed is not None and tally.outputs:
+            self.on_committed(tally.outputs)
         _log.debug(
             "%s: committed %d records of %s: %d transformed, %d dead-lettered, %d duplicates",
             self,
@@ -395,6 +403,7 @@ class Transformer:
             else:
                 for topic, key, data, headers in encoded:
                     await txn.publish(topic, data, key=key, headers=headers)
+                tally.outputs.extend(outputs)
                 tally.transformed += 1
                 tally.produced += len(encoded)
         tally.ids.append(event_id)

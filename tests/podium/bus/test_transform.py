@@ -177,11 +177,13 @@ async def test_a_failing_transform_leaves_nothing_visible_and_is_retried(
     doubler.fail_once = {4}  # records 1..3 are transformed, then the batch fails
     reader = bus.subscriber([out_topic], unique("reader"))
     await reader.start()
-    t = transformer(bus, unique, in_topic, doubler)
+    committed: list[Output] = []
+    t = transformer(bus, unique, in_topic, doubler, on_committed=committed.extend)
     await t.start()
     try:
         await step_until(t, lambda: t.stats.aborted == 1)
         assert t.stats.transformed == 0
+        assert committed == []  # the aborted transaction's outputs are never reported
         # Outputs 1..3 were written inside the aborted transaction: nobody ever sees them.
         assert await reader.fetch(100, timeout_s=1.0) == []
         await step_until(t, lambda: t.stats.transformed == 5)
@@ -192,6 +194,7 @@ async def test_a_failing_transform_leaves_nothing_visible_and_is_retried(
         await reader.stop()
     assert seeds_of(out) == [2, 4, 6, 8, 10]  # each once: the aborted attempt left nothing
     assert doubler.calls.count(1) == 2 and doubler.calls.count(4) == 2
+    assert sorted(o.message.seed for o in committed) == [2, 4, 6, 8, 10]  # type: ignore[attr-defined]
 
 
 async def test_poison_is_dead_lettered_and_processing_continues(bus: Bus, unique: Names) -> None:
