@@ -185,9 +185,15 @@ async def test_the_go_worker_executes_the_external_agents_assignments(
         assert call.name == "go.sha256" and 0 < call.started_at <= call.ended_at
         assert call.result_digest == context_digest(e.context)
         assert f"executed {e.execution_id}" in log
-    # subagent_svc left them alone (committed past them) and never answered for that agent.
+    # subagent_svc left them alone (committed past them) and never answered for that agent. Its
+    # group is new, so it may still be reading the shared topic's backlog of other runs'
+    # assignments when the session ends: it reaches these two in its own time.
     sub = stack.subagents[0]
-    assert sub.stats.external >= 2
+    for _ in range(600):
+        if sub.stats.external >= 2:
+            break
+        await asyncio.sleep(0.1)
+    assert sub.stats.external >= 2, f"{sub.stats.executions} executions so far"
     assert all(r.agent != AGENT for r in sub.stats.results)
 
     # The Go worker's output crossed into a simulated execution's context: the same digest the
