@@ -56,6 +56,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "podium_app.commands.bench_pipeline",
         "Sessions and decisions per orchestrator core over Kafka vs embedded; policy version pick-up.",
     ),
+    "bench context": (
+        "podium_app.commands.bench_context",
+        "Context-1 policies (BM25, dense, hybrid top-k, learned) on any docs and questions at one budget.",
+    ),
     "rollout": (
         "podium_app.commands.rollout",
         "Drive and inspect the rollout of a candidate policy: status, promote, rollback, report.",

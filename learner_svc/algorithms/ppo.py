@@ -155,6 +155,10 @@ class GenericPPOConfig:
     """Decisions per minibatch."""
     total_updates: int = 10_000
     """Updates over which the learning-rate and entropy schedules run."""
+    metadata: tuple[tuple[str, str], ...] = ()
+    """Extra (key, value) metadata written beside each version's architecture: what a
+    consumer checks before acting with it (e.g. the Context-1 agent's observation columns,
+    :mod:`podium.context.learned`)."""
 
     def __post_init__(self) -> None:
         for name in ("obs_dim", "n_actions", "minibatch_size", "total_updates"):
@@ -218,7 +222,7 @@ class GenericPPO:
     ) -> reward_pb2.PolicyUpdated:
         """safetensors + sha256 under ``artifacts_dir`` (identical bytes: no-op); the
         announcement signed."""
-        meta = self.model.architecture() | {"step": str(step)}
+        meta = self.model.architecture() | dict(self.config.metadata) | {"step": str(step)}
         ref = publish_weights(
             self.model.state_dict(),
             self.config.artifacts_dir,

@@ -48,7 +48,7 @@ from podium.envs.swarm.trajectory import ACTIONS_LABEL, SAMPLED
 from podium.errors import ArtifactError, ConfigError, SpecError
 from podium.policy.agent import SwarmAgent
 from podium.policy.decisions import Episode, episode_from_trajectory
-from podium.policy.network import SwarmPolicyNet
+from podium.policy.network import SwarmPolicyNet, advice_indicator
 from podium.policy.signing import SIGNING_KEY_VAR, SigningKey
 from podium.policy.swarm import (
     MODEL_NAME,
@@ -100,6 +100,21 @@ class SwarmPPOConfig:
     """Adam learning rate of behaviour cloning."""
     bc_epochs: int = 8
     """Passes over the demonstrations."""
+    bc_advice_gain: float = 4.0
+    """The network's advice gain (the logit bonus of the advised action) that cloning starts
+    from when it is 0 (a fresh network, or one saved before the gain existed): the first
+    passes already follow the advice and the rest of the network learns the departures; Adam
+    alone would move the gain only ~1e-3 a step."""
+    bc_departure_weight: float = 8.0
+    """Weight in the cloning loss of a decision where the teacher departs from the
+    observation's advice (1: every decision alike). A planner teacher agrees with the advice
+    on ~99 % of states and its gain lives in the rest; unweighted, those few decisions are
+    ~1 % of the loss and the clone copies the advice there too."""
+
+
+CLONING_FIELDS = ("bc_learning_rate", "bc_epochs", "bc_advice_gain", "bc_departure_weight")
+"""The :class:`SwarmPPOConfig` fields only behaviour cloning reads (it runs in ``podium
+train``'s driver): no learner setting carries them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +247,25 @@ def size_bucketed_minibatches(
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+def departures(b: Batch) -> Tensor:
+    """Which decisions of a batch depart from the observation's advice ``[B]`` (bool): the
+    action is not the advised one, where there is advice (none: never a departure)."""
+    advice = advice_indicator(b.slots, b.globals_, b.pairs)
+    advised = advice.argmax(dim=-1)
+    departed: Tensor = (advice.sum(dim=-1) > 0) & (advised != b.actions)
+    return departed
+
+
+def cloning_loss(logits: Tensor, b: Batch, departure_weight: float) -> tuple[Tensor, Tensor]:
+    """(weighted mean cross-entropy, departures ``[B]``) of a cloning batch: a decision that
+    departs from the advice weighs ``departure_weight``, any other 1."""
+    departed = departures(b).to(logits.device)
+    actions = b.actions.to(logits.device)
+    ce = torch.nn.functional.cross_entropy(logits, actions, reduction="none")
+    w = 1.0 + (departure_weight - 1.0) * departed.to(ce.dtype)
+    return (w * ce).sum() / w.sum(), departed
+
+
 def behaviour_cloning(
     agent: SwarmAgent,
     demos: Sequence[Episode],
@@ -240,19 +274,25 @@ def behaviour_cloning(
     *,
     epochs: int | None = None,
 ) -> list[dict[str, float]]:
-    """Fit the policy to the demonstrators' actions (cross-entropy over valid actions).
+    """Fit the policy to the demonstrators' actions (cross-entropy over valid actions, the
+    teacher's departures from the advice weighted ``config.bc_departure_weight``).
 
     The value head is fitted too, to the demonstrations' Monte-Carlo returns, so PPO starts
-    with a critic that already knows what a cpls-quality session is worth.
+    with a critic that already knows what a cpls-quality session is worth. The history adds,
+    per pass, the share of departures and how many of them the policy's argmax reproduces
+    (where there were any).
     """
     returns = [np.cumsum(ep.rewards[::-1])[::-1].astype(np.float32) for ep in demos]
     steps = _all_steps(demos)
+    gain = agent.net.advice_gain
+    if agent.net.reads_advice and float(gain.detach()) == 0.0:
+        with torch.no_grad():
+            gain.fill_(config.bc_advice_gain)
     opt = torch.optim.Adam(agent.net.parameters(), lr=config.bc_learning_rate)
     history = []
     n_epochs = epochs if epochs is not None else config.bc_epochs
     for epoch in range(n_epochs):
-        tot_loss = tot_acc = 0.0
-        batches = 0
+        tot = np.zeros(5)  # loss, accuracy, batches, departures, departures reproduced
         for sel in size_bucketed_minibatches(steps, demos, config.minibatch_size, rng):
             idx = steps[sel]
             b, _ = collate(demos, idx, use_teacher=True)
@@ -260,21 +300,31 @@ def behaviour_cloning(
             target_v = torch.from_numpy(
                 np.array([returns[e][t] for e, t in idx], dtype=np.float32)
             ).to(logits.device)
-            actions = b.actions.to(logits.device)
-            ce = torch.nn.functional.cross_entropy(logits, actions)
+            ce, departed = cloning_loss(logits, b, config.bc_departure_weight)
             loss = ce + 0.5 * ((values - target_v) ** 2).mean()
             opt.zero_grad()
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(agent.net.parameters(), 1.0)
             opt.step()
-            tot_loss += float(ce.detach())
-            tot_acc += float((logits.argmax(-1) == actions).float().mean())
-            batches += 1
+            hit = logits.argmax(-1) == b.actions.to(logits.device)
+            tot += (
+                float(ce.detach()),
+                float(hit.float().mean()),
+                1,
+                float(departed.sum()),
+                float((hit & departed).sum()),
+            )
         for g in opt.param_groups:  # cosine over the BC epochs
             g["lr"] = cosine_schedule(config.bc_learning_rate, 0.0, (epoch + 1) / n_epochs)
-        history.append(
-            {"epoch": float(epoch), "bc_loss": tot_loss / batches, "bc_accuracy": tot_acc / batches}
-        )
+        h = {
+            "epoch": float(epoch),
+            "bc_loss": tot[0] / tot[2],
+            "bc_accuracy": tot[1] / tot[2],
+            "bc_departures": tot[3] / len(steps),
+        }
+        if tot[3]:  # none (a rule-engine teacher): no accuracy to report, and no NaN to store
+            h["bc_departure_accuracy"] = tot[4] / tot[3]
+        history.append(h)
     return history
 
 

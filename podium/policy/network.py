@@ -13,7 +13,13 @@ what has been observed of it, its load, the advice; :mod:`podium.envs.swarm.obse
   FINISH, value) know how well the slot can be served — one cheap cross-agent mixing step;
 * after attention, the START logits of (slot i, agent a) come from a pair head over
   (slot token i, global token, embedding of pair row (i, a)): one hidden ReLU layer, then one
-  logit per split choice.
+  logit per split choice;
+* the observation's advice (the rule engine's decision: a slot row's ``advised_split``
+  one-hot, a pair row's ``advised_agent``, the global WAIT / FINISH flags) is added to the
+  logits as a residual, ``advice_gain`` (one learned scalar) times the one-hot of the advised
+  action (:func:`advice_indicator`). Learned through the pair head alone, each split choice
+  came from its own demonstrations and the rare one (split 2) never did; with the shared
+  gain, the network's own logits only have to learn where to depart from the advice.
 
 So the number of subtasks *and* the number of agents are free dimensions: one trained network
 decides on any pool, including agents added or renamed after training (they are just more
@@ -50,11 +56,25 @@ import torch
 from torch import Tensor, nn
 
 from podium.envs.swarm.actions import CONTROL_ACTIONS, SPLIT_CHOICES
-from podium.envs.swarm.observation import PAIR_COLUMNS
+from podium.envs.swarm.observation import (
+    GLOBAL_COLUMNS,
+    GLOBAL_FEATURES,
+    PAIR_COLUMNS,
+    PAIR_FEATURES,
+    SLOT_COLUMNS,
+    SLOT_FEATURES,
+)
 
 _CAN_DO = PAIR_COLUMNS.can_do
 """Column of ``can_do`` in a pair row: which agents a slot's cross-agent mean reads (padding
 agents are zero rows, so never)."""
+
+_ADVISED_SPLIT = SLOT_COLUMNS.advised_split.slice
+"""Columns of a slot row's advised split (one-hot over the split choices)."""
+_ADVISED_AGENT = PAIR_COLUMNS.advised_agent
+"""Column of a pair row's advised agent."""
+_ADVISED_CONTROL = GLOBAL_COLUMNS.advice.slice
+"""Columns of the global token's advised WAIT and FINISH (the globals open the token)."""
 
 MASKED_LOGIT = -1.0e9
 """Logit of an invalid action: finite, so softmax and ONNX runtimes stay NaN-free."""
@@ -155,12 +175,36 @@ class SwarmPolicyNet(nn.Module):
         self.start_out = nn.Linear(dp, SPLIT_CHOICES)
         self.control_head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, CONTROL_ACTIONS))
         self.value_head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        # The advice as a residual: one learned logit bonus on exactly the advised action.
+        # Through the network alone, each split choice is learned from its own demonstrations,
+        # and the rare one (split 2: ~1% of starts) never was: clones started split 4 where the
+        # teacher said 2, even on their training states. One gain shared by every action is
+        # learned from all of them, so the network's own logits only learn the departures.
+        # 0 at first: an untrained network stays close to uniform (behaviour cloning sets
+        # its starting gain, SwarmPPOConfig.bc_advice_gain), and a checkpoint written before
+        # the gain existed loads it as 0, deciding exactly as it did.
+        self.advice_gain = nn.Parameter(torch.zeros(()))
+        self.reads_advice = reads_advice(config)
+        """Whether the inputs carry the advice columns (the observation's widths); a network
+        of other widths (a unit test's) has no advice to read, and the gain is unused."""
         # Small initial logits: the untrained policy is close to uniform over valid actions.
         control_last = self.control_head[-1]
         assert isinstance(control_last, nn.Linear)
         for last in (self.start_out, control_last):
             nn.init.normal_(last.weight, std=0.01)
             nn.init.zeros_(last.bias)
+
+    def _load_from_state_dict(  # type: ignore[no-untyped-def]
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+    ) -> None:
+        """A checkpoint written before :attr:`advice_gain` existed loads with a gain of 0: its
+        logits, and so its decisions, stay exactly what they were."""
+        key = prefix + "advice_gain"
+        if key not in state_dict and any(k.startswith(prefix) for k in state_dict):
+            state_dict[key] = torch.zeros(())
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+        )
 
     def forward(
         self,
@@ -200,5 +244,34 @@ class SwarmPolicyNet(nn.Module):
         context = self.start_slot(slots) + self.start_global(pooled)[:, None, :]  # [B, S, dp]
         start = self.start_out(torch.relu(pairs + context[:, :, None, :]))  # [B, S, A, 3]
         logits = torch.cat([start.reshape(b, -1), self.control_head(pooled)], dim=-1)
+        if self.reads_advice:
+            logits = logits + self.advice_gain * advice_indicator(
+                subtask_features, global_features, pair_features
+            )
         logits = torch.where(action_mask, logits, torch.full_like(logits, MASKED_LOGIT))
         return logits, self.value_head(pooled).squeeze(-1)
+
+
+def reads_advice(config: NetworkConfig) -> bool:
+    """Whether a network of ``config`` reads the swarm observation, whose advice columns
+    :func:`advice_indicator` reads: its slot and pair widths, and a global token that opens
+    with the globals."""
+    return (
+        config.slot_features == SLOT_FEATURES
+        and config.pair_features == PAIR_FEATURES
+        and config.global_features >= GLOBAL_FEATURES
+    )
+
+
+def advice_indicator(
+    subtask_features: Tensor, global_features: Tensor, pair_features: Tensor
+) -> Tensor:
+    """The advised action as a one-hot over the flat action layout ``[B, S·A·3 + 2]`` (all
+    zero when the advisor is off or gave no advice): START(slot, agent, k) where the slot row
+    flags split k and the pair row flags the agent, or WAIT / FINISH from the global flags.
+    Read from the observation's own advice columns, so it is in the ONNX graph too."""
+    b = subtask_features.shape[0]
+    splits = subtask_features[..., _ADVISED_SPLIT]  # [B, S, 3]
+    agents = pair_features[..., _ADVISED_AGENT]  # [B, S, A]
+    start = agents[..., None] * splits[:, :, None, :]  # [B, S, A, 3]
+    return torch.cat([start.reshape(b, -1), global_features[:, _ADVISED_CONTROL]], dim=-1)

@@ -82,6 +82,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="a 1-2 minute smoke run (tiny suite, few iterations)"
     )
     add_flags(parser.add_argument_group("settings"), train_settings(), aliases=ALIASES)
+    parser.add_argument(
+        "--env",
+        choices=("swarm", "context"),
+        default="swarm",
+        help="what to train: the orchestrator's swarm policy (default), or the Context-1 "
+        "search-and-prune agent (podium_app.train.context: --index, --questions, --budget)",
+    )
+    from podium_app.train.context_cli import add_context_arguments
+
+    add_context_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> object:
@@ -235,6 +245,10 @@ def run(args: argparse.Namespace) -> int:
     """Train (or go on with ``--resume``), showing live progress on stderr, then print the
     held-out table; 2 with a line naming the setting, flag or file when the options are
     unusable."""
+    if args.env == "context":
+        from podium_app.train.context_cli import run_context
+
+        return run_context(args)
     cfg, problem = check_inputs(args)
     if cfg is None:
         print(f"{PROG}: {problem}", file=sys.stderr)

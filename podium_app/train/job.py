@@ -178,8 +178,9 @@ def _cold_start(run: _Run) -> tuple[Path, list[dict[str, float]], trajectory_pb2
     )
     history = [] if cfg.init else _clone(run, agent, cloning_teacher(cfg))
     for h in history:
-        run.writer.add_scalar("bc/loss", h["bc_loss"], int(h["epoch"]))
-        run.writer.add_scalar("bc/accuracy", h["bc_accuracy"], int(h["epoch"]))
+        for key, value in h.items():  # bc_loss, bc_accuracy, the departures' figures...
+            if key.startswith("bc_"):
+                run.writer.add_scalar(f"bc/{key[3:]}", value, int(h["epoch"]))
     accuracy = history[-1]["bc_accuracy"] if history else math.nan
     run.say("bc", {"accuracy": accuracy, "cpls_val": run.cpls_val_ratio})
     extra = {"init": "bc"} if cfg.init is None else {"init": "policy", "source": str(cfg.init)}

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from learner_svc.algorithms.swarm import SwarmPPO, SwarmSettings
+from learner_svc.algorithms.swarm import CLONING_FIELDS, SwarmPPO, SwarmSettings
 from learner_svc.config import LearnerConfig, LoopSettings
 from learner_svc.loop import LearningLoop, LoopApp
 from podium import rewards, topics
@@ -111,7 +111,7 @@ def learner_settings(
     # Behaviour cloning runs in the driver and reads the rest of TrainConfig.ppo itself; a
     # PPO setting the learner cannot be given must not be silently dropped.
     reaches = dataclasses.replace(
-        algorithm.ppo(), bc_learning_rate=ppo.bc_learning_rate, bc_epochs=ppo.bc_epochs
+        algorithm.ppo(), **{name: getattr(ppo, name) for name in CLONING_FIELDS}
     )
     if reaches != ppo:
         lost = [

@@ -10,11 +10,17 @@ import pytest
 import torch
 
 from podium.envs.swarm import EnvConfig, SwarmEnv, TaskSpec, default_pool
+from podium.envs.swarm.actions import ActionCodec
 from podium.envs.swarm.generator import generate_task
 from podium.envs.swarm.observation import PAIR_COLUMNS
 from podium.envs.swarm.spec import PoolSpec
 from podium.policy.agent import Group, SwarmAgent, act_mixed
-from podium.policy.network import MASKED_LOGIT, NetworkConfig, SwarmPolicyNet
+from podium.policy.network import (
+    MASKED_LOGIT,
+    NetworkConfig,
+    SwarmPolicyNet,
+    advice_indicator,
+)
 from podium.policy.rollout import Job, run_episodes
 
 F, G, P = 6, 5, 4
@@ -270,3 +276,41 @@ def test_a_planner_teaches_and_drives_by_name() -> None:
     (ep,), _ = run_episodes([env], [job], agent=agent, greedy=True, teacher="planner-online")
     assert ep.teacher is not None and len(ep.teacher) == len(ep.actions)
     assert all(0 <= a < env.codec.size for a in ep.teacher)
+
+
+def test_the_advice_indicator_marks_exactly_the_rule_engines_action() -> None:
+    """On the swarm observation, the one-hot the advice gain adds to is cpls's own decision
+    (the environment's advisor) in every state of a session, WAIT included."""
+    env = SwarmEnv(_tasks(), default_pool(), EnvConfig(max_subtasks=10))
+    agent = SwarmAgent(env.layout, d_model=32, layers=1)
+    assert agent.net.reads_advice and float(agent.net.advice_gain.detach()) == 0.0
+    (ep,), _ = run_episodes([env], [Job(_tasks()[1], 2)], rule="cpls")
+    advice = advice_indicator(
+        torch.from_numpy(ep.slots), torch.from_numpy(ep.globals_), torch.from_numpy(ep.pairs)
+    )
+    assert torch.all(advice.sum(-1) == 1)
+    codec = ActionCodec(ep.n, ep.num_agents)
+    assert codec.wait in ep.actions  # WAIT is advised too, from the global flags
+    np.testing.assert_array_equal(advice.argmax(-1).numpy(), ep.actions)
+
+
+def test_a_checkpoint_without_the_advice_gain_loads_with_gain_zero() -> None:
+    """Weights written before the gain existed load strictly, with a gain of 0: the same
+    logits as before (a gain, once cloning gave one, favours the advised action)."""
+    env = SwarmEnv(_tasks(), default_pool(), EnvConfig(max_subtasks=10))
+    torch.manual_seed(5)
+    fresh = SwarmAgent(env.layout, d_model=32, layers=1).net
+    with torch.no_grad():
+        fresh.advice_gain.fill_(4.0)
+    old_weights = {k: v for k, v in fresh.state_dict().items() if k != "advice_gain"}
+    old = SwarmPolicyNet(fresh.config)
+    old.load_state_dict(old_weights, strict=True)
+    assert float(old.advice_gain.detach()) == 0.0
+    obs, _ = env.reset(seed=1, options={"task": _tasks()[0]})
+    slots, present, globals_, pairs = (torch.from_numpy(x) for x in env.layout.split(obs[None]))
+    mask = torch.from_numpy(env.action_masks()[None])
+    with torch.no_grad():
+        new_logits, _ = fresh(slots, present, globals_, pairs, mask)
+        old_logits, _ = old(slots, present, globals_, pairs, mask)
+    bonus = 4.0 * advice_indicator(slots, globals_, pairs)
+    torch.testing.assert_close(new_logits[mask], (old_logits + bonus)[mask])

@@ -154,7 +154,7 @@ def test_every_ppo_setting_reaches_the_learner(tmp_path: Path) -> None:
     import dataclasses
     from dataclasses import replace
 
-    from learner_svc.algorithms.swarm import SwarmSettings
+    from learner_svc.algorithms.swarm import CLONING_FIELDS, SwarmSettings
     from podium.config import from_env
     from podium_app.train.services import RunTopics, learner_settings, settings_env
 
@@ -169,7 +169,7 @@ def test_every_ppo_setting_reaches_the_learner(tmp_path: Path) -> None:
     odd = replace(config, ppo=replace(config.ppo, **odd_values), torch_threads=2)
     _, settings = learner_settings(odd, tmp_path / "init.safetensors", 16, RunTopics())
     got = settings.ppo()
-    driver_only = {"bc_learning_rate", "bc_epochs"}
+    driver_only = set(CLONING_FIELDS)
     for name, value in odd_values.items():
         if name not in driver_only:
             assert getattr(got, name) == value != getattr(config.ppo, name), name

@@ -34,6 +34,12 @@ from podium.envs.swarm.spec import TaskSpec
 from podium.envs.swarm.state import ExecutionRecord, StateConfig, SwarmState
 from podium.errors import ConfigError, SpecError
 
+_COPIED_BY_HAND = frozenset(
+    {"pool", "outcomes", "state", "_events", "seeds", "_seed_base", "step_cost"}
+)
+"""Attributes :meth:`SwarmSimulator.__deepcopy__` copies (or shares, or are immutable)
+itself; any other (a subclass's) is deep-copied."""
+
 
 class SwarmSimulator:
     """A session in simulated time: state + sampled durations + event queue."""
@@ -57,26 +63,31 @@ class SwarmSimulator:
                 "changes how agents behave, never which agents there are"
             )
         self.state = SwarmState.new(task, pool, config)
-        self.rng = random.Random(seed)
-        self._seed_base = self.rng.getrandbits(64)
+        # The seed's only draw: every execution's luck is a hash of this base (not a stream),
+        # so no generator is kept, and a copy (a planner's twin) has none to copy.
+        self._seed_base = random.Random(seed).getrandbits(64)
         self.step_cost = pool.spec.main_step_cost
         self._events: list[tuple[float, int, bool]] = []
         self.seeds: dict[int, int] = {}
         """Execution id -> the seed its outcome was sampled with (for replay over the bus)."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SwarmSimulator:
-        """An independent copy of the session in flight (state, pending completions, the
-        random stream), sharing the read-only pool; subclasses' attributes are copied too."""
+        """An independent copy of the session in flight (state, pending completions, seeds),
+        sharing the read-only pools; subclasses' attributes are deep-copied too.
+
+        Written out because planners copy the simulator for every rollout: the pending
+        completions are tuples of numbers and the seeds a dict of ints, so shallow copies of
+        the containers are exact copies, where a generic deepcopy walks every element."""
         memo.setdefault(id(self.pool), self.pool)
         memo.setdefault(id(self.outcomes), self.outcomes)
-        # The generator's state is 625 integers: set it whole rather than deep-copy each.
-        rng = random.Random()
-        rng.setstate(self.rng.getstate())
-        memo[id(self.rng)] = rng
         new = copy.copy(self)
         memo[id(self)] = new
+        new.state = copy.deepcopy(self.state, memo)
+        new._events = list(self._events)
+        new.seeds = dict(self.seeds)
         for name, value in vars(self).items():
-            setattr(new, name, copy.deepcopy(value, memo))
+            if name not in _COPIED_BY_HAND:
+                setattr(new, name, copy.deepcopy(value, memo))
         return new
 
     def execution_seed(self, rec: ExecutionRecord) -> int:
