@@ -22,6 +22,8 @@ BIN="${PODIUM_CHROMA_BIN:-$(dirname "$PY")/chroma}"
 READY_TIMEOUT="${PODIUM_CHROMA_READY_TIMEOUT:-60}"
 
 log() { echo "chroma: $*" >&2; }
+# shellcheck source=scripts/server-lib.sh
+source "$ROOT/scripts/server-lib.sh"
 
 pid_alive() { [[ -f "$STATE/pid" ]] && kill -0 "$(cat "$STATE/pid")" 2>/dev/null; }
 
@@ -42,23 +44,7 @@ PY
 
 print_env() { echo "PODIUM_CHROMA_URL=http://127.0.0.1:$(cat "$STATE/port")"; }
 
-stop() {
-  if [[ -f "$STATE/pid" ]]; then
-    local pid; pid="$(cat "$STATE/pid")"
-    if kill -0 "$pid" 2>/dev/null; then
-      # Started with setsid: its pid is also its process group id.
-      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-      if kill -0 "$pid" 2>/dev/null; then
-        log "pid $pid ignored SIGTERM for 10 s; sending SIGKILL"
-        kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-      fi
-    fi
-    rm -f "$STATE/pid"
-    log "stopped"
-  fi
-  return 0
-}
+stop() { stop_server "$STATE"; }
 
 start() {
   local data="${1:-$STATE/db}"

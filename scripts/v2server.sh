@@ -32,6 +32,8 @@ VENV="$CACHE/mlserver-$KEY"
 READY_TIMEOUT="${PODIUM_V2_READY_TIMEOUT:-90}"
 
 log() { echo "v2server: $*" >&2; }
+# shellcheck source=scripts/server-lib.sh
+source "$ROOT/scripts/server-lib.sh"
 
 install() {
   [[ -f "$VENV/.complete" ]] && return 0
@@ -82,23 +84,7 @@ print_env() {
   echo "PODIUM_V2_REPOSITORY=$(cat "$STATE/repository")"
 }
 
-stop() {
-  if [[ -f "$STATE/pid" ]]; then
-    local pid; pid="$(cat "$STATE/pid")"
-    if kill -0 "$pid" 2>/dev/null; then
-      # The server was started in its own session, so its pid is also its process group id.
-      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-      if kill -0 "$pid" 2>/dev/null; then
-        log "pid $pid ignored SIGTERM for 10 s; sending SIGKILL"
-        kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-      fi
-    fi
-    rm -f "$STATE/pid"
-    log "stopped"
-  fi
-  return 0
-}
+stop() { stop_server "$STATE"; }
 
 start() {
   local repo="${1:-${PODIUM_V2_REPOSITORY:-$ROOT/triton_models}}"

@@ -121,6 +121,20 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def training_progress(console: Console) -> Progress:
+    """The training commands' progress bar (``--env swarm`` and ``--env context``): the phase,
+    its bar and count, the latest figures, elapsed and remaining time."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f}"),
+        TextColumn("{task.fields[figures]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
 def set_aside_previous_run(run_dir: Path) -> Path | None:
     """Move a non-empty ``run_dir`` to ``<run_dir>.<its modification time>`` and return the new
     path (None if there was nothing to move).
@@ -260,15 +274,7 @@ def run(args: argparse.Namespace) -> int:
     from podium_app.train.job import train
 
     console = Console(stderr=True)
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:.0f}/{task.total:.0f}"),
-        TextColumn("{task.fields[figures]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    ) as bar:
+    with training_progress(console) as bar:
         # With --init there is nothing to clone: the first phase only loads and validates it.
         start = (
             f"resuming {cfg.run_dir}"

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from podium.errors import ConfigError, PodiumError
@@ -159,7 +158,7 @@ def run_context(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    from podium_app.commands.train import set_aside_previous_run
+    from podium_app.commands.train import set_aside_previous_run, training_progress
 
     # A learner resumes from the checkpoint in its run directory and versions are
     # immutable: a new run never starts in an old one's directory (it is moved aside).
@@ -167,15 +166,7 @@ def run_context(args: argparse.Namespace) -> int:
     if moved is not None:
         print(f"previous run in {cfg.run_dir} moved to {moved}", file=sys.stderr)
     console = Console(stderr=True)
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:.0f}/{task.total:.0f}"),
-        TextColumn("{task.fields[figures]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    ) as bar:
+    with training_progress(console) as bar:
         task = bar.add_task("behaviour cloning", total=cfg.iterations, figures="")
 
         def progress(phase: str, f: dict[str, float]) -> None:
