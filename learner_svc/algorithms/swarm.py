@@ -100,16 +100,19 @@ class SwarmPPOConfig:
     """Adam learning rate of behaviour cloning."""
     bc_epochs: int = 8
     """Passes over the demonstrations."""
-    bc_advice_gain: float = 4.0
+    bc_advice_gain: float = 0.0
     """The network's advice gain (the logit bonus of the advised action) that cloning starts
-    from when it is 0 (a fresh network, or one saved before the gain existed): the first
-    passes already follow the advice and the rest of the network learns the departures; Adam
-    alone would move the gain only ~1e-3 a step."""
-    bc_departure_weight: float = 8.0
+    from when it is 0 (a fresh network, or one saved before the gain existed). 0 (default):
+    cloning leaves it to learn, as every other weight. 4 for a teacher that follows the
+    advice on ~99 % of states (``--teacher planner-online``): the first passes already follow
+    the advice and the rest of the network learns the departures (Adam alone moves the gain
+    ~1e-3 a step). Not the default: it pulls a clone of a teacher that departs often (greedy,
+    sequential) towards the advice, which the rollout suite's weak candidates showed."""
+    bc_departure_weight: float = 1.0
     """Weight in the cloning loss of a decision where the teacher departs from the
-    observation's advice (1: every decision alike). A planner teacher agrees with the advice
-    on ~99 % of states and its gain lives in the rest; unweighted, those few decisions are
-    ~1 % of the loss and the clone copies the advice there too."""
+    observation's advice (1, default: every decision alike). A planner teacher agrees with the
+    advice on ~99 % of states and its gain lives in the rest; unweighted, those few decisions
+    are ~1 % of the loss and the clone copies the advice there too (8-16 for such a teacher)."""
 
 
 CLONING_FIELDS = ("bc_learning_rate", "bc_epochs", "bc_advice_gain", "bc_departure_weight")
