@@ -345,5 +345,11 @@ async def test_trajectory_over_the_broker_limit_is_trimmed_and_the_stream_ends(
         assert last.HasField("result"), procs.tail("orch-1")
     finally:
         await channel.close()
-    (traj,) = [t for t in await trajectories(kafka) if t.session_id == sid]
+    # The stream may end before the trajectory's transaction is committed (read_committed).
+    for _ in range(120):
+        found = [t for t in await trajectories(kafka) if t.session_id == sid]
+        if found:
+            break
+        await asyncio.sleep(0.5)
+    (traj,) = found
     assert traj.labels["trimmed"] and traj.ByteSize() < 1_000_000
