@@ -346,7 +346,7 @@ class GrpcServer:
         """NOT_SERVING first (so load balancers drain), then stop with a grace period."""
         await self.set_serving(False)
         await self.server.stop(grace_s)
-        self.specs.close()
+        await self.specs.close()
 
 
 def task_message(request: session_service_pb2.SubmitTaskRequest) -> task_pb2.TaskSpec | None:

@@ -5,7 +5,9 @@ wall clock from ``SubmitTask`` to the session's result:
 
 * ``parallel``: orchestrator_svc (``cpls``) schedules every search at once; subagent_svc runs
   them on the real search plug-ins with one group member per search (the assignment topic
-  gets as many partitions), executions overlapping in threads;
+  gets as many partitions), executions overlapping: each plug-in sends its searches to its
+  worker processes (the shipped pool's ``processes: auto``), so they run on every core
+  instead of taking turns under the GIL in this process;
 * ``sequential``: the same services and plug-ins, scheduled one subtask at a time (the
   ``sequential`` rule engine): the sub-questions one after another;
 * ``direct_s`` (for reference): the same subtasks called one after another on the plug-ins in
@@ -13,7 +15,8 @@ wall clock from ``SubmitTask`` to the session's result:
 
 The services run as asyncio tasks on one :class:`~podium.bus.InProcBus`, exactly as
 ``podium demo`` runs them, and a warm-up task runs first in each, untimed (plug-ins load their
-index and the embedding model once per process, which is not a task's latency).
+index and the embedding model once per process, and start their worker processes, which is
+not a task's latency).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from orchestrator_svc.app import OrchestratorApp
 from orchestrator_svc.config import OrchestratorConfig
 from podium.bus import InProcBus
 from podium.context.index import ContextIndex
+from podium.context.procpool import resolve_processes
 from podium.context.questions import Question
 from podium.context.wide import (
     LEXICAL,
@@ -203,4 +207,14 @@ def measure_wide(
             "sequential": sequential.peak_parallelism,
         },
         "group_members": members,
+        "search_processes": search_processes(pool),
+    }
+
+
+def search_processes(pool: PoolSpec) -> dict[str, int]:
+    """Worker processes of each search agent of ``pool`` (0: it searches in-process)."""
+    return {
+        a.name: resolve_processes(a.runner.options.get("processes", "0"))
+        for a in pool.agents
+        if a.runner.plugin in {"bm25-search", "dense-search"}
     }

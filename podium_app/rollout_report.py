@@ -35,12 +35,12 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 from podium import topics
 from podium.errors import ConfigError, DecodeError, PodiumError
 from podium_app.commands import fail
+from podium_app.plots import pyplot, save
 
 if TYPE_CHECKING:
     from podium.bus import Bus, Record
@@ -254,19 +254,9 @@ def _stamp(unix: float) -> str:
 # -- plots -----------------------------------------------------------------------------------
 
 
-def _plt() -> ModuleType:
-    """pyplot on the file-only backend (the report runs on servers without a display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_arms(history: RolloutHistory, width_s: float, out: Path) -> None:
     """Share of sessions per arm per time bucket; transitions as labelled vertical lines."""
-    plt = _plt()
+    plt = pyplot()
     starts, shares = arm_shares(history.sessions, width_s)
     fig, ax = plt.subplots(figsize=(11, 4.5))
     # Each bucket drawn to its end: the last one needs an end point of its own.
@@ -288,9 +278,7 @@ def plot_arms(history: RolloutHistory, width_s: float, out: Path) -> None:
     else:
         ax.text(0.5, 0.5, "no routed sessions", ha="center", transform=ax.transAxes)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    save(fig, out)
 
 
 def guarded(history: RolloutHistory) -> list[rollout_pb2.RolloutTransition]:
@@ -300,7 +288,7 @@ def guarded(history: RolloutHistory) -> list[rollout_pb2.RolloutTransition]:
 
 def plot_guardrails(history: RolloutHistory, out: Path) -> None:
     """One panel per guardrail: canary and baseline means at each transition with readings."""
-    plt = _plt()
+    plt = pyplot()
     rows = guarded(history)
     names = sorted({g.name for t in rows for g in t.evidence.guardrails})
     cols = min(3, max(len(names), 1))
@@ -327,9 +315,7 @@ def plot_guardrails(history: RolloutHistory, out: Path) -> None:
     else:
         axes.flat[0].legend(fontsize=7)
     fig.suptitle("guardrails: canary vs baseline mean at each transition (x: transition seq)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    save(fig, out)
 
 
 def paired(history: RolloutHistory) -> list[rollout_pb2.RolloutTransition]:
@@ -349,7 +335,7 @@ def paired_figures(figures: Mapping[str, float]) -> tuple[float, float]:
 
 def plot_shadow(history: RolloutHistory, out: Path) -> None:
     """Paired mean (candidate - incumbent) with its lower bound, per offline/shadow verdict."""
-    plt = _plt()
+    plt = pyplot()
     rows = paired(history)
     fig, ax = plt.subplots(figsize=(9, 3.8))
     for i, t in enumerate(rows):
@@ -375,9 +361,7 @@ def plot_shadow(history: RolloutHistory, out: Path) -> None:
             0.5, 0.5, "no offline or shadow verdicts recorded", ha="center", transform=ax.transAxes
         )
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    save(fig, out)
 
 
 # -- HTML ------------------------------------------------------------------------------------

@@ -64,19 +64,7 @@ start() {
   ANONYMIZED_TELEMETRY=False setsid "$BIN" run --path "$data" --host 127.0.0.1 --port "$(cat "$STATE/port")" \
     >"$STATE/server.log" 2>&1 </dev/null &
   echo $! >"$STATE/pid"
-  local deadline=$(( $(date +%s) + READY_TIMEOUT ))
-  until probe; do
-    if ! pid_alive; then
-      log "server exited during start-up; last log lines:"; tail -n 30 "$STATE/server.log" >&2
-      rm -f "$STATE/pid"; exit 1
-    fi
-    if (( $(date +%s) > deadline )); then
-      log "not ready after ${READY_TIMEOUT} s; last log lines:"; tail -n 30 "$STATE/server.log" >&2
-      stop; exit 1
-    fi
-    sleep 0.2
-  done
-  log "ready (log: $STATE/server.log)"
+  wait_ready "$STATE" "$READY_TIMEOUT" probe || exit 1
   print_env
 }
 

@@ -58,8 +58,10 @@ async def run_stack(
     time_scale: float = 0.0,
     session_timeout_s: float = 30.0,
     providers: dict[str, TracerProvider] | None = None,
+    pool_spec: str = "",
 ) -> AsyncIterator[Stack]:
-    """Start the services on ``bus`` (already started), yield, stop them all."""
+    """Start the services on ``bus`` (already started), yield, stop them all; ``pool_spec``:
+    the pool file the orchestrator and the workers share (default: the packaged pool)."""
     providers = providers or {}
     orch = OrchestratorApp(
         OrchestratorConfig(
@@ -72,6 +74,7 @@ async def run_stack(
             grpc_reflection=True,
             session_timeout_s=session_timeout_s,
             shutdown_timeout_s=10.0,
+            pool_spec=pool_spec,
         ),
         bus,
         tracer_provider=providers.get("orchestrator"),
@@ -84,6 +87,7 @@ async def run_stack(
                 instance=f"worker-{i}",
                 time_scale=time_scale,
                 shutdown_timeout_s=10.0,
+                pool_spec=pool_spec,
             ),
             bus,
             tracer_provider=providers.get("subagent"),

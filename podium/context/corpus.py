@@ -39,6 +39,7 @@ from typing import Literal
 
 from podium.config import env, from_env
 from podium.errors import CorpusError
+from podium.tokens import count_tokens
 
 
 @dataclass(frozen=True)
@@ -80,19 +81,7 @@ class ChunkingConfig:
 
 Format = Literal["rst", "markdown", "html", "man"]
 
-_TOKEN = re.compile(r"\w+|[^\w\s]")
 _MAN_SUFFIX = re.compile(r"\.(?:[1-9][a-z0-9]*|man|n|l)$")
-
-
-def count_tokens(text: str) -> int:
-    """Approximate token count used for every budget in Podium.
-
-    Counts runs of word characters and single punctuation marks (``"os.path(x)"`` is 6).
-    On the benchmark corpus it is 0.82 of all-MiniLM-L6-v2's WordPiece count (deciles 0.65 to
-    0.94 over 2,093 chunks: long and rare words split into more pieces), costs one regex pass
-    and needs no vocabulary, so budgets mean the same thing everywhere.
-    """
-    return sum(1 for _ in _TOKEN.finditer(text))
 
 
 def document_format(name: str) -> Format | None:
@@ -259,12 +248,22 @@ def _rst_units(text: str) -> list[_Unit]:
 
 
 def _directive_body(lines: Sequence[tuple[int, int, str]], at: int) -> Iterator[int]:
-    """Line numbers of the indented block (blank lines included) after line ``at``."""
+    """Line numbers of the body (blank lines included) of the directive on line ``at``: the
+    lines indented deeper than the directive itself. An indented directive (``.. index::``
+    inside a function's description) ends at the next line of its own indentation, so the
+    rest of the enclosing block stays text."""
+    own = _indent(lines[at][2])
     for i in range(at + 1, len(lines)):
         body = lines[i][2]
-        if body.strip() and not body[:1].isspace():
+        if body.strip() and _indent(body) <= own:
             return
         yield i
+
+
+def _indent(line: str) -> int:
+    """Columns of leading whitespace (tabs to multiples of 8, as reST reads them)."""
+    expanded = line.expandtabs()
+    return len(expanded) - len(expanded.lstrip())
 
 
 def _is_heading(line: str, following: str, overlined: bool) -> bool:
@@ -461,7 +460,9 @@ _BREAK_MACROS = frozenset(
     ]
 )
 _FONT_MACROS = {"B": " ", "I": " ", "SM": " ", "SB": " ", "BR": "", "BI": "", "IB": "", "IR": "", "RB": "", "RI": ""}  # fmt: skip
-_MACRO_ARG = re.compile(r'"((?:[^"]|"")*)"?|(\S+)')
+_MACRO_ARG = re.compile(r'"((?:[^"]|"")*)"?|((?:\\.|\S)+)')
+"""One request argument: quoted (``""`` is a quote) or bare; an escaped space (``\\ ``) does
+not end a bare one (``.B \\-s\\ \\fIservice`` is one argument, ``-s service``)."""
 
 
 def _troff_escapes(text: str) -> str:
@@ -486,6 +487,33 @@ def _macro_args(rest: str) -> list[str]:
     return [(quoted or "").replace('""', '"') or bare for quoted, bare in _MACRO_ARG.findall(rest)]
 
 
+def troff_request(line: str) -> tuple[str, list[str]]:
+    """A request line's (``.SH "SEE ALSO"``) name and arguments, escapes replaced
+    (``("SH", ["SEE ALSO"])``); ``("", [])`` for a text or comment line."""
+    if not line.startswith((".", "'")):
+        return "", []
+    body = line[1:]
+    comment = body.find('\\"')
+    if comment >= 0:  # a comment line, or a note after the arguments: it prints nothing
+        body = body[:comment]
+    name, _, rest = body.strip().partition(" ")
+    return name, [_troff_escapes(arg) for arg in _macro_args(rest)]
+
+
+def troff_text(line: str) -> str:
+    """The words one troff source line prints, whitespace collapsed: escapes replaced by the
+    characters they print, comments and tbl's ``T{``/``T}`` gone; a request's arguments (the
+    alternating-font macros' joined as they print: ``.BR open (2),`` is ``open(2),``).
+
+    The one troff reader: the chunker's man-page units and the question generator's man
+    page families (:mod:`podium.context.generate`) both read lines through it.
+    """
+    if line.startswith((".", "'")):
+        name, args = troff_request(line)
+        return _clean(_FONT_MACROS.get(name, " ").join(args))
+    return _clean(_troff_escapes(line).replace("T{", " ").replace("T}", " "))
+
+
 def _man_units(text: str) -> list[_Unit]:
     units: list[_Unit] = []
     title = ""
@@ -496,23 +524,22 @@ def _man_units(text: str) -> list[_Unit]:
             table_format = not line.rstrip().endswith(".")
             continue
         if line.startswith((".", "'")):
-            name, _, rest = line[1:].strip().partition(" ")
-            args = [_troff_escapes(arg) for arg in _macro_args(rest)]
+            name, args = troff_request(line)
             if name in {"SH", "SS"}:
                 pending_heading = not args
                 if args:
-                    units.append(_Unit("heading", start, end, _clean(" ".join(args))))
+                    units.append(_Unit("heading", start, end, troff_text(line)))
             elif name == "TH" and args and not title:
                 title = f"{args[0]}({args[1]})" if len(args) > 1 else args[0]
                 units.append(_Unit("heading", start, end, title))
             elif name in _FONT_MACROS:
-                words = _clean(_FONT_MACROS[name].join(args))
+                words = troff_text(line)
                 units.append(_Unit("text", start, end, words) if words else _BREAK)
             elif name in _BREAK_MACROS:
                 table_format = name == "TS"
                 units.append(_BREAK)
             continue
-        words = _clean(_troff_escapes(line).replace("T{", " ").replace("T}", " "))
+        words = troff_text(line)
         if pending_heading and words:
             units.append(_Unit("heading", start, end, words))
             pending_heading = False

@@ -52,17 +52,18 @@ import gymnasium as gym
 import numpy as np
 from numpy.typing import NDArray
 
-from podium.context.corpus import Chunk, count_tokens
+from podium.context.corpus import Chunk
 from podium.context.index import ContextIndex, Hit
 from podium.context.questions import Question, load_questions
 from podium.errors import ConfigError
+from podium.rewards.config import ContextRewardConfig
 from podium.rewards.context import (
     ContextEpisode,
-    ContextRewardConfig,
     ContextStep,
     StepKind,
     context_reward,
 )
+from podium.tokens import count_tokens
 
 RETRIEVERS: tuple[str, ...] = ("bm25", "dense")
 """The retrievers a search can use (methods of the index)."""
@@ -213,7 +214,7 @@ class ContextEnvConfig:
     """Settings of :class:`ContextEnv`."""
 
     budget_tokens: int = 1000
-    """Most tokens (:func:`~podium.context.corpus.count_tokens`) the kept context may hold."""
+    """Most tokens (:func:`~podium.tokens.count_tokens`) the kept context may hold."""
     top_k: int = 20
     """Hits each search returns."""
     max_searches: int = 6

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podium.context.corpus import iter_documents, read_document
+from podium.context.corpus import iter_documents, read_document, troff_text
 from podium.context.questions import GoldSpan, Question, write_questions
 from podium.errors import ConfigError
 
@@ -305,23 +305,6 @@ def answer_span(lines: Sequence[Line], first: int, min_words: int = 8) -> tuple[
 
 
 # ---------------------------------------------------------------- man pages
-
-_FONT = re.compile(r"\\f(?:[BIRP1-4]|\(\w\w|\[\w*\])")
-
-
-def troff_text(line: str) -> str:
-    """A troff source line as plain words: font escapes and request names gone, the
-    alternating-font macros' arguments joined (``.BR open (2),`` → ``open(2),``)."""
-    text = line
-    macro = ""
-    if text.startswith((".", "'")):
-        macro, _, text = text[1:].partition(" ")
-    text = _FONT.sub("", text).replace("\\-", "-").replace("\\(em", "—").replace("\\e", "\\")
-    text = re.sub(r"\\[&:|^/,]", "", text).replace("\\ ", " ")
-    if macro in ("BR", "RB", "BI", "IB", "IR", "RI"):
-        parts = re.findall(r'"([^"]*)"|(\S+)', text)
-        return "".join(a or b for a, b in parts)
-    return text.replace('"', "").strip()
 
 
 def man_sections(lines: Sequence[Line]) -> dict[str, tuple[int, int]]:

@@ -5,7 +5,7 @@ open ranges ``[start, end)`` in the decoded text's coordinates, the same for chu
 gold). **Answer found** (the Context-1 criterion) means some kept chunk hits; **precision**
 is the fraction of kept chunks that hit; **gold recall** the fraction of gold spans some kept
 chunk covers (1.0 only when a two-hop question has both of its pages). Tokens are counted
-with the one counter, :func:`podium.context.corpus.count_tokens`, so budgets and scores agree.
+with the one counter, :func:`podium.tokens.count_tokens`, so budgets and scores agree.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from podium.context.corpus import Chunk, count_tokens
+from podium.context.corpus import Chunk
 from podium.context.questions import GoldSpan
+from podium.tokens import count_tokens
 
 
 class Located(Protocol):
@@ -61,7 +62,7 @@ def gold_recall(kept: Sequence[Located], gold: Sequence[GoldSpan]) -> float:
 
 
 def tokens(kept: Sequence[Chunk]) -> int:
-    """Tokens of the kept context (:func:`~podium.context.corpus.count_tokens` of each chunk)."""
+    """Tokens of the kept context (:func:`~podium.tokens.count_tokens` of each chunk)."""
     return sum(count_tokens(c.text) for c in kept)
 
 

@@ -15,14 +15,23 @@ Their options (the agent's ``options:`` in the pool spec):
     A Chroma server holding the index's vectors (default: where the index was built).
 ``k``
     Hits per search (default 10; search agents only).
+``processes``
+    Search agents only: worker processes that run the searches (default 0: in this process,
+    in threads). ``N`` keeps a pool of N spawned workers (:mod:`podium.context.procpool`),
+    each with the index open once and torch on one thread, so searches run on N cores
+    instead of taking turns under the GIL; ``auto``: one per CPU this process may use, at
+    most 8.
 
 Outputs are JSON, so a dependent (a merge step, the Context-1 agent) reads them without
 guessing: a search answers ``{"retriever", "query", "hits": [{"id", "source", "start", "end",
 "score", "rank", "tokens"}]}`` (no chunk text: reading is its own, budgeted step), read-chunk
 ``{"id", "source", "start", "end", "tokens", "text"}``. Every execution records one tool call
-with its real wall-clock start and end; the work runs in a thread so concurrent executions
-overlap. A query that is empty or a chunk id that does not exist is a failed execution
-(``success=False`` with the reason); a dead Chroma server is too, and names its URL.
+with its real wall-clock start and end (waiting for a free worker included); the work runs in
+a thread, or a worker process, so concurrent executions overlap. A query that is empty or a
+chunk id that does not exist is a failed execution (``success=False`` with the reason); a dead
+Chroma server is too, and names its URL. A worker process that dies mid-search raises a
+retriable :class:`~podium.errors.WorkerError` naming it (subagent_svc redelivers the
+assignment) and is replaced on the next search.
 """
 
 from __future__ import annotations
@@ -31,18 +40,24 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import suppress
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from podium.context.corpus import Chunk, count_tokens
+from podium.context.corpus import Chunk
 from podium.context.index import ContextIndex, Hit
+from podium.context.procpool import WorkerPool, resolve_processes
 from podium.errors import CorpusError, IndexUnavailable, PluginError
 from podium.subagents.plugin import ExecutionReport, ExecutionRequest, ToolCallRecord
+from podium.tokens import count_tokens
 
 DEFAULT_K = 10
-_SEARCH_OPTIONS = frozenset({"index", "chroma_url", "k"})
+_SEARCH_OPTIONS = frozenset({"index", "chroma_url", "k", "processes"})
+_FAILURES = (CorpusError, IndexUnavailable, ValueError)
+"""What a search or a read may raise that is a failed execution, not a broken agent."""
 _READ_OPTIONS = frozenset({"index", "chroma_url"})
 
 
@@ -69,6 +84,39 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def search_result(index: ContextIndex, retriever: str, query: str, k: int) -> dict[str, Any]:
+    """A search agent's output: ``retriever``'s top ``k`` hits for ``query`` (the same in
+    this process and in a worker process)."""
+    search = index.bm25 if retriever == "bm25" else index.dense
+    return {
+        "retriever": retriever,
+        "query": query,
+        "hits": [hit_json(hit) for hit in search(query, k)],
+    }
+
+
+def worker_setup(path: str, chroma_url: str | None, retriever: str) -> tuple[ContextIndex, str]:
+    """A search worker's state, built once in the worker process: the index opened and
+    warmed up (BM25 loaded, or the embedding model and Chroma), torch on one thread so
+    workers side by side do not oversubscribe the cores."""
+    if retriever == "dense":
+        import torch
+
+        torch.set_num_threads(1)
+    index = ContextIndex.open(Path(path), chroma_url=chroma_url)
+    # A failure now (e.g. a Chroma server down) is reported by the first real search.
+    with suppress(*_FAILURES):
+        search_result(index, retriever, "warm up", 1)
+    return index, retriever
+
+
+def worker_search(state: tuple[ContextIndex, str], request: tuple[str, int]) -> dict[str, Any]:
+    """One search in a worker process: ``request`` is ``(query, k)``."""
+    index, retriever = state
+    query, k = request
+    return search_result(index, retriever, query, k)
+
+
 class _IndexAgent:
     """Shared part: the index, one timed tool call per execution, failures as reports."""
 
@@ -76,13 +124,13 @@ class _IndexAgent:
         self._index = index
 
     async def _call(
-        self, tool: str, arguments: dict[str, Any], work: Callable[[], dict[str, Any]]
+        self, tool: str, arguments: dict[str, Any], work: Callable[[], Awaitable[dict[str, Any]]]
     ) -> ExecutionReport:
-        """Run ``work`` in a thread as tool call ``tool``; its JSON result is the output."""
+        """Await ``work()`` as tool call ``tool``; its JSON result is the output."""
         started = time.time()
         try:
-            result = await asyncio.to_thread(work)
-        except (CorpusError, IndexUnavailable, ValueError) as exc:
+            result = await work()
+        except _FAILURES as exc:
             ended = time.time()
             call = ToolCallRecord(tool, _json(arguments), False, "", started, max(ended, started))
             return ExecutionReport(success=False, output="", tool_calls=(call,), error=str(exc))
@@ -101,28 +149,45 @@ class _IndexAgent:
 class SearchAgent(_IndexAgent):
     """``bm25-search`` / ``dense-search``: the description is the query."""
 
-    def __init__(self, index: ContextIndex, retriever: str, k: int) -> None:
+    def __init__(self, index: ContextIndex, retriever: str, k: int, processes: int = 0) -> None:
+        """``processes`` > 0: searches run in a pool of that many worker processes."""
         super().__init__(index)
         self._retriever = retriever
         self._k = k
+        self._workers: WorkerPool | None = None
+        if processes > 0:
+            setup = partial(worker_setup, str(index.path), index.chroma_url, retriever)
+            self._workers = WorkerPool(
+                f"{retriever}-search", processes, setup, worker_search, _FAILURES
+            )
+
+    @property
+    def worker_pids(self) -> tuple[int, ...]:
+        """Process ids of the live worker processes (none in-process or before a search)."""
+        return () if self._workers is None else self._workers.pids()
 
     async def execute(self, request: ExecutionRequest) -> ExecutionReport:
         """Search for the request's description; the hits as JSON."""
         query = request.description.strip()
         arguments = {"query": query, "k": self._k}
-        search = self._index.bm25 if self._retriever == "bm25" else self._index.dense
 
-        def work() -> dict[str, Any]:
+        async def work() -> dict[str, Any]:
             if not query:
                 raise ValueError(f"{request.subtask_id}: the description (the query) is empty")
-            hits = search(query, self._k)
-            return {
-                "retriever": self._retriever,
-                "query": query,
-                "hits": [hit_json(hit) for hit in hits],
-            }
+            if self._workers is not None:
+                reply: dict[str, Any] = await self._workers.call((query, self._k))
+                return reply
+            return await asyncio.to_thread(
+                search_result, self._index, self._retriever, query, self._k
+            )
 
         return await self._call(f"{self._retriever}.search", arguments, work)
+
+    async def close(self) -> None:
+        """End the worker processes (if any), then release the index."""
+        if self._workers is not None:
+            await self._workers.close()
+        await super().close()
 
 
 class ReadChunkAgent(_IndexAgent):
@@ -131,9 +196,11 @@ class ReadChunkAgent(_IndexAgent):
     async def execute(self, request: ExecutionRequest) -> ExecutionReport:
         """Read the chunk the description names; the chunk as JSON."""
         chunk_id = request.description.strip()
-        return await self._call(
-            "chunk.read", {"id": chunk_id}, lambda: chunk_json(self._index.chunk(chunk_id))
-        )
+
+        async def work() -> dict[str, Any]:
+            return await asyncio.to_thread(lambda: chunk_json(self._index.chunk(chunk_id)))
+
+        return await self._call("chunk.read", {"id": chunk_id}, work)
 
 
 def _json(value: Any) -> str:
@@ -173,11 +240,21 @@ def _k(plugin: str, options: Mapping[str, str]) -> int:
     return k
 
 
+def _processes(plugin: str, options: Mapping[str, str]) -> int:
+    """The ``processes`` option as a count (0 when absent), or a :class:`PluginError`."""
+    try:
+        return resolve_processes(options.get("processes", "0"))
+    except ValueError as exc:
+        raise PluginError(f"{plugin}: option processes {exc}", plugin=plugin) from exc
+
+
 def _searcher(plugin: str, retriever: str, options: Mapping[str, str]) -> SearchAgent:
-    """A search agent once its options are checked (all of them before the index opens)."""
+    """A search agent once its options are checked (all of them before the index opens;
+    worker processes start on the first search)."""
     _check_options(plugin, options, _SEARCH_OPTIONS)
     k = _k(plugin, options)
-    return SearchAgent(_open(options), retriever, k)
+    processes = _processes(plugin, options)
+    return SearchAgent(_open(options), retriever, k, processes)
 
 
 def make_bm25(options: Mapping[str, str]) -> SearchAgent:

@@ -7,9 +7,10 @@ each sub-question's two result lists by reciprocal rank fusion: a hybrid search 
 sub-question, 2N independent searches wide. The swarm orchestrator schedules it like any
 task; the pool (:func:`wide_pool`, from the shipped ``podium/data/pools/wide-search.yaml``)
 runs the searches on the real search sub-agents (``bm25-search``, ``dense-search``,
-:mod:`podium.context.search_agents`) and the merge on ``wide-merge`` (:class:`MergeAgent`),
-all ``runner: plugin``, so every latency is real and the task's latency is its real critical
-path.
+:mod:`podium.context.search_agents`; ``processes: auto``: in worker processes, one per CPU, so
+searches side by side do not take turns under the GIL) and the merge on ``wide-merge``
+(:class:`MergeAgent`), all ``runner: plugin``, so every latency is real and the task's latency
+is its real critical path.
 
 :func:`run_direct` runs the same subtasks one after another on the same plug-ins without any
 bus or orchestrator: the floor a one-by-one run cannot beat, beside the swarm's sequential
@@ -102,11 +103,17 @@ def task_text(task: TaskSpec) -> str:
 
 
 def wide_pool(
-    index: Path | str, *, chroma_url: str | None = None, k: int = 10, width: int = 8
+    index: Path | str,
+    *,
+    chroma_url: str | None = None,
+    k: int = 10,
+    width: int = 8,
+    processes: str | None = None,
 ) -> PoolSpec:
     """The shipped wide-search pool pointed at ``index``: every plug-in agent but the merge
-    gets ``index`` (and ``chroma_url``), the searches ``k`` hits, and the pool runs up to
-    ``2 * width`` executions at once."""
+    gets ``index`` (and ``chroma_url``), the searches ``k`` hits and, when given,
+    ``processes`` (their worker processes: ``"0"``, ``"N"`` or ``"auto"``; None keeps the
+    shipped file's), and the pool runs up to ``2 * width`` executions at once."""
     pool = load_pool(wide_pool_path())
     agents = []
     for agent in pool.agents:
@@ -117,6 +124,8 @@ def wide_pool(
                 options["chroma_url"] = chroma_url
             if agent.runner.plugin != "read-chunk":
                 options["k"] = str(k)
+                if processes is not None:
+                    options["processes"] = processes
         agents.append(replace(agent, runner=replace(agent.runner, options=options)))
     return replace(pool, agents=tuple(agents), max_parallel=max(2 * width, 1))
 

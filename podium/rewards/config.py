@@ -190,6 +190,91 @@ class DetectorsConfig:
     """Avoidance."""
 
 
+CONTEXT_WEIGHTS: tuple[str, ...] = ("found", "precision", "tokens", "turn", "invalid")
+"""The Context-1 shape's weights, in the order of its formula."""
+
+
+@dataclass(frozen=True, slots=True)
+class HoardingConfig:
+    """Keeping (nearly) everything looked at until the budget is full."""
+
+    weight: float = 0.3
+    """Penalty when every decided candidate was kept and the budget is full."""
+    min_fill: float = 0.9
+    """Fraction of the budget the kept context must fill for the detector to apply."""
+    keep_ratio: float = 0.9
+    """Kept / (kept + pruned) at or above which keeping counts as indiscriminate."""
+    min_decisions: int = 3
+    """Keep/prune decisions needed before a ratio means anything."""
+
+
+@dataclass(frozen=True, slots=True)
+class GoldPruningConfig:
+    """Streaks of prunes that throw gold chunks away."""
+
+    weight: float = 0.5
+    """Penalty as the gold thrown away grows without bound."""
+    streak: int = 3
+    """Consecutive prunes that make a streak."""
+    scale: float = 1.0
+    """Gold chunks pruned in streaks at which the penalty reaches 1 − 1/e of the weight."""
+
+
+@dataclass(frozen=True, slots=True)
+class SearchLoopConfig:
+    """Repeated identical searches."""
+
+    weight: float = 0.3
+    """Penalty as the repeats grow without bound."""
+    free_repeats: int = 0
+    """Identical searches an episode may repeat for free."""
+    scale: float = 2.0
+    """Repeats over the free ones at which the penalty reaches 1 − 1/e of the weight."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContextRewardConfig:
+    """The ``context:`` section: weights of the Context-1 reward shape and its detectors, for
+    trajectories with ``env == "context"`` (:mod:`podium.rewards.context`)."""
+
+    found: float = 1.0
+    """Reward for a kept context holding a gold span."""
+    precision: float = 0.25
+    """Weight of the kept chunks' precision."""
+    tokens: float = 0.2
+    """Penalty for a kept context as large as the budget (proportional below it)."""
+    turn: float = 0.005
+    """Penalty per step (a turn is latency)."""
+    invalid: float = 0.05
+    """Penalty per action the state did not allow."""
+    hoarding: HoardingConfig = HoardingConfig()
+    """The ``context_hoarding`` detector."""
+    gold_pruning: GoldPruningConfig = GoldPruningConfig()
+    """The ``gold_pruning`` detector."""
+    search_loop: SearchLoopConfig = SearchLoopConfig()
+    """The ``search_loop`` detector."""
+
+    def __post_init__(self) -> None:
+        # Checked here, not in _validate: the environment builds this config directly too.
+        h, g, s = self.hoarding, self.gold_pruning, self.search_loop
+        rules: list[tuple[str, float, bool, str]] = [
+            *((n, getattr(self, n), getattr(self, n) >= 0, ">= 0") for n in CONTEXT_WEIGHTS),
+            ("hoarding.weight", h.weight, h.weight >= 0, ">= 0"),
+            ("hoarding.min_fill", h.min_fill, h.min_fill >= 0, ">= 0"),
+            ("hoarding.keep_ratio", h.keep_ratio, 0 <= h.keep_ratio <= 1, "in [0, 1]"),
+            ("hoarding.min_decisions", h.min_decisions, h.min_decisions >= 0, ">= 0"),
+            ("gold_pruning.weight", g.weight, g.weight >= 0, ">= 0"),
+            ("gold_pruning.streak", g.streak, g.streak >= 1, ">= 1"),
+            ("gold_pruning.scale", g.scale, g.scale > 0, "> 0"),
+            ("search_loop.weight", s.weight, s.weight >= 0, ">= 0"),
+            ("search_loop.free_repeats", s.free_repeats, s.free_repeats >= 0, ">= 0"),
+            ("search_loop.scale", s.scale, s.scale > 0, "> 0"),
+        ]
+        for name, value, ok, rule in rules:
+            if not (math.isfinite(value) and ok):
+                raise ConfigError(f"context.{name}: must be a finite number {rule}, got {value}")
+
+
 @dataclass(frozen=True, slots=True)
 class RewardConfig:
     """Everything :func:`podium.rewards.score` needs besides the trajectory and the progress."""
@@ -206,6 +291,9 @@ class RewardConfig:
     """Multi-stage form."""
     detectors: DetectorsConfig = DetectorsConfig()
     """Anti-hacking detectors."""
+    context: ContextRewardConfig = ContextRewardConfig()
+    """The context environment's reward (``env == "context"`` trajectories); versioned on its
+    own (:func:`podium.rewards.context.context_reward_version`), not in :func:`reward_version`."""
     progress_per_policy_version: float = 1.0
     """Learner updates per policy version, used by the service to turn the acting policy's
     version into training progress (so a re-score reproduces the same annealing)."""
@@ -214,9 +302,12 @@ class RewardConfig:
 
 
 def reward_version(config: RewardConfig) -> str:
-    """Version string of ``config``: code version + sha256 of its canonical JSON form."""
+    """Version string of ``config``: code version + sha256 of its canonical JSON form, the
+    ``context`` section left out: context scores append their own digest of it, so changing
+    a context weight leaves the swarm's scores' version as it was."""
     body = dataclasses.asdict(config)
     body.pop("version", None)
+    body.pop("context", None)
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
     return f"r{REWARD_CODE_VERSION}-{config.name}-{digest}"
 
@@ -264,6 +355,10 @@ _NESTED: dict[str, type[Any]] = {
         BrokenToolCallsConfig,
         AvoidanceConfig,
         DetectorsConfig,
+        HoardingConfig,
+        GoldPruningConfig,
+        SearchLoopConfig,
+        ContextRewardConfig,
     )
 }
 

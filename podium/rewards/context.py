@@ -29,14 +29,20 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
 from podium.context.questions import GoldSpan
 from podium.context.questions import parse_gold as parse_gold_spans
 from podium.context.scoring import answer_found, gold_recall, hits, precision
-from podium.errors import ConfigError, QuestionFileError
+from podium.errors import QuestionFileError
+from podium.rewards.config import (
+    ContextRewardConfig,
+    GoldPruningConfig,
+    HoardingConfig,
+    SearchLoopConfig,
+)
 from podium.rewards.credit import CreditEntry
 from podium.rewards.detectors import Finding
 from podium.rewards.facts import InvalidTrajectoryError
@@ -139,71 +145,6 @@ class ContextEpisode:
     def is_gold(self, step: ContextStep) -> bool:
         """Whether the chunk of ``step`` overlaps a gold span."""
         return hits(step, self.gold)
-
-
-@dataclass(frozen=True, slots=True)
-class HoardingConfig:
-    """Keeping (nearly) everything looked at until the budget is full."""
-
-    weight: float = 0.3
-    """Penalty when every decided candidate was kept and the budget is full."""
-    min_fill: float = 0.9
-    """Fraction of the budget the kept context must fill for the detector to apply."""
-    keep_ratio: float = 0.9
-    """Kept / (kept + pruned) at or above which keeping counts as indiscriminate."""
-    min_decisions: int = 3
-    """Keep/prune decisions needed before a ratio means anything."""
-
-
-@dataclass(frozen=True, slots=True)
-class GoldPruningConfig:
-    """Streaks of prunes that throw gold chunks away."""
-
-    weight: float = 0.5
-    """Penalty as the gold thrown away grows without bound."""
-    streak: int = 3
-    """Consecutive prunes that make a streak."""
-    scale: float = 1.0
-    """Gold chunks pruned in streaks at which the penalty reaches 1 − 1/e of the weight."""
-
-
-@dataclass(frozen=True, slots=True)
-class SearchLoopConfig:
-    """Repeated identical searches."""
-
-    weight: float = 0.3
-    """Penalty as the repeats grow without bound."""
-    free_repeats: int = 0
-    """Identical searches an episode may repeat for free."""
-    scale: float = 2.0
-    """Repeats over the free ones at which the penalty reaches 1 − 1/e of the weight."""
-
-
-@dataclass(frozen=True, slots=True)
-class ContextRewardConfig:
-    """Weights of the Context-1 reward shape and its detectors."""
-
-    found: float = 1.0
-    """Reward for a kept context holding a gold span."""
-    precision: float = 0.25
-    """Weight of the kept chunks' precision."""
-    tokens: float = 0.2
-    """Penalty for a kept context as large as the budget (proportional below it)."""
-    turn: float = 0.005
-    """Penalty per step (a turn is latency)."""
-    invalid: float = 0.05
-    """Penalty per action the state did not allow."""
-    hoarding: HoardingConfig = field(default_factory=HoardingConfig)
-    gold_pruning: GoldPruningConfig = field(default_factory=GoldPruningConfig)
-    search_loop: SearchLoopConfig = field(default_factory=SearchLoopConfig)
-
-    def __post_init__(self) -> None:
-        for name in ("found", "precision", "tokens", "turn", "invalid"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(
-                    f"context reward {name}: must be a finite number >= 0, got {value}"
-                )
 
 
 def context_hoarding(episode: ContextEpisode, cfg: HoardingConfig) -> Finding:

@@ -139,7 +139,9 @@ def score(
         # import is here because that module builds on ScoreBreakdown, defined above.
         from podium.rewards.context import context_breakdown
 
-        return context_breakdown(trajectory, config.version or reward_version(config), progress)
+        return context_breakdown(
+            trajectory, config.version or reward_version(config), progress, config.context
+        )
     facts = extract_facts(trajectory, config.multi_stage)
     stages = C.stage_scores(facts)
     weights = component_weights(config, progress, tuple(s for s in STAGES if s in stages))

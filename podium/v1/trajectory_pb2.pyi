@@ -304,6 +304,10 @@ class Execution(_message.Message):
     SPLIT_K_FIELD_NUMBER: _builtins.int
     VERIFIED_FIELD_NUMBER: _builtins.int
     STAGE_FIELD_NUMBER: _builtins.int
+    WALL_START_FIELD_NUMBER: _builtins.int
+    WALL_END_FIELD_NUMBER: _builtins.int
+    EXECUTOR_FIELD_NUMBER: _builtins.int
+    RUNNER_FIELD_NUMBER: _builtins.int
     execution_id: _builtins.str
     """Execution id."""
     subtask_id: _builtins.str
@@ -326,6 +330,20 @@ class Execution(_message.Message):
     """Whether a verifier confirmed its output."""
     stage: _builtins.str
     """Stage of work it belongs to ("design", "implement", "verify"); empty if unknown."""
+    wall_start: _builtins.float
+    """Wall-clock start on the executor, Unix epoch seconds (SubtaskResult.wall_start); 0 when no
+    worker ran it (an in-process episode, or no result came back).
+    """
+    wall_end: _builtins.float
+    """Wall-clock end on the executor, Unix epoch seconds (SubtaskResult.wall_end); 0 as above."""
+    executor: _builtins.str
+    """Who executed it (SubtaskResult.executor: "subagent_svc/<host>", an external worker's id);
+    empty as above.
+    """
+    runner: _builtins.str
+    """The agent's runner as the executor knew it (SubtaskResult.runner: "simulated", "plugin",
+    "external"); empty as above.
+    """
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[_subtask_pb2.ToolCall]:
         """Tool calls made."""
@@ -350,10 +368,14 @@ class Execution(_message.Message):
         split_k: _builtins.int = ...,
         verified: _builtins.bool = ...,
         stage: _builtins.str = ...,
+        wall_start: _builtins.float = ...,
+        wall_end: _builtins.float = ...,
+        executor: _builtins.str = ...,
+        runner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "attempt", b"attempt", "context", b"context", "end_time", b"end_time", "execution_id", b"execution_id", "kind", b"kind", "outcome", b"outcome", "split_k", b"split_k", "stage", b"stage", "start_time", b"start_time", "subtask_id", b"subtask_id", "tool_calls", b"tool_calls", "verified", b"verified"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "attempt", b"attempt", "context", b"context", "end_time", b"end_time", "execution_id", b"execution_id", "executor", b"executor", "kind", b"kind", "outcome", b"outcome", "runner", b"runner", "split_k", b"split_k", "stage", b"stage", "start_time", b"start_time", "subtask_id", b"subtask_id", "tool_calls", b"tool_calls", "verified", b"verified", "wall_end", b"wall_end", "wall_start", b"wall_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -33,24 +33,22 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from podium.errors import PodiumError
-from podium_app.commands.context import PHASES
+from podium_app.commands.context import (
+    PHASES,
+    add_docs_argument,
+    docs_problem,
+    phase_bar,
+    phase_progress,
+)
 
 PROG = "podium bench context"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``podium bench context``."""
-    parser.add_argument(
-        "--docs",
-        nargs="+",
-        required=True,
-        metavar="DIR",
-        type=Path,
-        help="directories of documents (gold sources are relative to them)",
-    )
+    add_docs_argument(parser)
     parser.add_argument(
         "--questions", required=True, metavar="FILE", type=Path, help="question file (JSONL)"
     )
@@ -89,9 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> str | None:
     """The problem with the arguments, or None."""
-    missing = [str(d) for d in args.docs if not Path(d).is_dir()]
-    if missing:
-        return f"--docs: not a directory: {', '.join(missing)}"
+    problem = docs_problem(args.docs)
+    if problem:
+        return problem
     if not args.questions.is_file():
         return f"--questions: no such file: {args.questions}"
     if args.budget < 1 or args.k < 1:
@@ -101,32 +99,6 @@ def check_args(args: argparse.Namespace) -> str | None:
     if args.checkpoint is not None and not args.checkpoint.exists():
         return f"--checkpoint: no such file or directory: {args.checkpoint}"
     return None
-
-
-def _bar(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:.0f}/{task.total:.0f}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    )
-
-
-def _progress(bar: Progress, console: Console, names: dict[str, str]) -> Any:
-    """A ``progress(phase, done, total)`` callback on one bar (a line per phase in logs)."""
-    task = bar.add_task("starting", total=1)
-    shown = {"phase": ""}
-
-    def progress(phase: str, done: int, total: int) -> None:
-        label = names.get(phase, phase)
-        bar.update(task, description=label, completed=done, total=total)
-        if not console.is_terminal and (phase != shown["phase"] or done == total):
-            shown["phase"] = phase
-            console.print(f"{label} {done}/{total}", highlight=False)
-
-    return progress
 
 
 def run(args: argparse.Namespace) -> int:
@@ -210,8 +182,8 @@ def _measure(
 
     console = Console(stderr=True)
     names = {**PHASES, **{p.name: f"playing {p.name}" for p in policies}}
-    with _bar(console) as bar:
-        progress = _progress(bar, console, names)
+    with phase_bar(console) as bar:
+        progress = phase_progress(bar, console, names)
         index, reused = prepare_index(
             args.docs, index_dir, chroma_url=args.chroma, progress=progress
         )

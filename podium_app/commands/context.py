@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,16 +36,32 @@ PHASES = {
 """Progress phases of :meth:`podium.context.index.ContextIndex.build`, as the bar names them."""
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``podium context index``."""
+def add_docs_argument(parser: argparse.ArgumentParser) -> None:
+    """``--docs DIR...``, the documentation to index: one definition for every command that
+    reads documents (``podium context index``, ``podium bench context``); check it with
+    :func:`docs_problem`."""
     parser.add_argument(
         "--docs",
         nargs="+",
         required=True,
         metavar="DIR",
         type=Path,
-        help="directories of text / reST / Markdown / HTML / man pages (optionally .gz)",
+        help="directories of text / reST / Markdown / HTML / man pages (optionally .gz); "
+        "a document's source is its path relative to its directory",
     )
+
+
+def docs_problem(docs: list[Path]) -> str | None:
+    """What is wrong with ``--docs`` (the directories that are not one), or None."""
+    missing = [str(d) for d in docs if not Path(d).is_dir()]
+    if missing:
+        return f"--docs: not a directory: {', '.join(missing)}"
+    return None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``podium context index``."""
+    add_docs_argument(parser)
     parser.add_argument(
         "--out", required=True, metavar="DIR", type=Path, help="index directory to write"
     )
@@ -64,10 +81,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> str | None:
     """The problem with the arguments, or None."""
-    missing = [str(d) for d in args.docs if not Path(d).is_dir()]
-    if missing:
-        return f"--docs: not a directory: {', '.join(missing)}"
-    return None
+    return docs_problem(args.docs)
+
+
+def phase_bar(console: Console) -> Progress:
+    """The context commands' progress bar (``podium context index``, ``podium bench
+    context``): the phase, its bar and count, elapsed and remaining time."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
+def phase_progress(
+    bar: Progress, console: Console, names: Mapping[str, str]
+) -> Callable[[str, int, int], None]:
+    """A ``progress(phase, done, total)`` callback on one task of ``bar``, each phase shown
+    by its name in ``names``; off a terminal (logs, CI) a line when a phase starts and ends."""
+    task = bar.add_task("starting", total=1)
+    shown = {"phase": ""}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        label = names.get(phase, phase)
+        bar.update(task, description=label, completed=done, total=total)
+        if not console.is_terminal and (phase != shown["phase"] or done == total):
+            shown["phase"] = phase
+            console.print(f"{label} {done}/{total}", highlight=False)
+
+    return progress
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,25 +124,9 @@ def run(args: argparse.Namespace) -> int:
     from podium.context.index import ContextIndex
 
     console = Console(stderr=True)
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:.0f}/{task.total:.0f}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    ) as bar:
-        task = bar.add_task(PHASES["read"], total=1)
-        failure: PodiumError | None = None
-        shown = {"phase": ""}
-
-        def progress(phase: str, done: int, total: int) -> None:
-            bar.update(task, description=PHASES.get(phase, phase), completed=done, total=total)
-            if not console.is_terminal and (phase != shown["phase"] or done == total):
-                # No live bar in logs and CI: a line when a phase starts and when it ends.
-                shown["phase"] = phase
-                console.print(f"{PHASES.get(phase, phase)} {done}/{total}", highlight=False)
-
+    failure: PodiumError | None = None
+    with phase_bar(console) as bar:
+        progress = phase_progress(bar, console, PHASES)
         try:
             index = ContextIndex.build(
                 args.docs,

@@ -1,7 +1,7 @@
 """The cycle bench's report: ``latency.png`` (latency/bound per window for each run and each
 rule engine, the drift and the promotions marked) and ``report.html`` (the plot, the windows
-table, the verdicts, each run's transitions). The plotting setup and the page style are the
-rollout report's (:mod:`podium_app.rollout_report`)."""
+table, the verdicts, each run's transitions). The plotting setup is :mod:`podium_app.plots`,
+the page style the rollout report's (:mod:`podium_app.rollout_report`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from podium_app.rollout_report import STYLE, _e, _plt
+from podium_app.plots import pyplot, save
+from podium_app.rollout_report import STYLE, _e
 
 SERIES = (
     ("continuous", "continuous (learner + rollout)", "tab:green", "o-"),
@@ -27,7 +28,7 @@ def _fmt(value: object) -> str:
 
 def plot_windows(result: Mapping[str, Any], out: Path) -> None:
     """Mean latency/bound per window (at the window's middle) per run and rule engine."""
-    plt = _plt()
+    plt = pyplot()
     rows = result["windows"]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for key, label, colour, style in SERIES:
@@ -48,9 +49,7 @@ def plot_windows(result: Mapping[str, Any], out: Path) -> None:
     ax.set_ylabel("mean latency / lower bound (lower is better)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    save(fig, out)
 
 
 def _first_at(result: Mapping[str, Any]) -> float | None:

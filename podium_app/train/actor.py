@@ -69,6 +69,14 @@ class Actor:
         net, _trained_for = served.policy
         return served.version, SwarmAgent(self.pools[pool][0].layout, net=net)
 
+    def _agents(self) -> tuple[int, Callable[[int], SwarmAgent]]:
+        """The served version and agents acting with that one version on any pool: a run
+        reads the holder once, so a version landing while it runs (the learner publishes
+        while the actor samples ahead) cannot act under the earlier version's label."""
+        served = self.holder.current()
+        net, _trained_for = served.policy
+        return served.version, lambda pool: SwarmAgent(self.pools[pool][0].layout, net=net)
+
     def run(
         self,
         jobs: list[Job],
@@ -79,14 +87,13 @@ class Actor:
     ) -> tuple[int, list[Episode], list[trajectory_pb2.Trajectory]]:
         """Run ``jobs`` with the served version: (version, episodes, trajectories), in job
         order. ``pools``: the pool of each job (default: all on pool 0)."""
-        version = self.holder.current().version
+        version, agent_on = self._agents()
 
         def one_pool(pool: int, mine: list[Job]) -> tuple[list[Episode], list[_Traj]]:
-            _, agent = self.agent(pool)
             return run_episodes(
                 self.pools[pool],
                 mine,
-                agent=agent,
+                agent=agent_on(pool),
                 greedy=greedy,
                 generator=self.generator,
                 policy_version=version,

@@ -118,6 +118,10 @@ class ContextTrainConfig:
     """Longest wait for the learner's next version."""
     bus: str = "inproc://"
     """The bus the services and the actor share (in-process only, for now)."""
+    reward_config: Path | None = None
+    """The reward config YAML (``PODIUM_REWARD_CONFIG``'s format) reward_svc scores with; its
+    ``context:`` section is also the environment's own reward, so the two agree (None: the
+    packaged default, ``podium/data/rewards/default.yaml``)."""
 
     def __post_init__(self) -> None:
         flags = {"budget_tokens": "--budget"}
@@ -397,10 +401,28 @@ class Services:
                 await self.waits[name]
 
 
+def reward_config(cfg: ContextTrainConfig) -> rewards.RewardConfig:
+    """The run's reward config: ``cfg.reward_config`` or the packaged default. reward_svc
+    scores with it and the environment's reward is its ``context:`` section (one source, so
+    the actor's returns and the service's scores cannot drift apart)."""
+    if cfg.reward_config is None:
+        return rewards.default_config()
+    try:
+        return rewards.load_config(cfg.reward_config)
+    except ConfigError as exc:
+        raise ConfigError(f"--reward-config: {exc}") from exc
+
+
 def services(
-    cfg: ContextTrainConfig, bus: Bus, algo: GenericPPO, run_topics: RunTopics, tag: str
+    cfg: ContextTrainConfig,
+    bus: Bus,
+    algo: GenericPPO,
+    run_topics: RunTopics,
+    tag: str,
+    reward: rewards.RewardConfig,
 ) -> Services:
-    """reward_svc (the context reward with its detectors) and the learner on ``bus``."""
+    """reward_svc (``reward``: the context reward with its detectors) and the learner on
+    ``bus``."""
     reward_cfg = RewardServiceConfig(
         bus_url=cfg.bus,
         instance=f"{tag}-reward",
@@ -423,7 +445,7 @@ def services(
     )
     return Services(
         {
-            "reward_svc": RewardApp(reward_cfg, rewards.default_config(), bus),
+            "reward_svc": RewardApp(reward_cfg, reward, bus),
             "learner_svc": LoopApp(loop, shutdown_timeout_s=10.0),
         }
     )
@@ -439,6 +461,7 @@ __all__ = [
     "evaluate",
     "load_splits",
     "play",
+    "reward_config",
     "session",
     "split_of",
 ]

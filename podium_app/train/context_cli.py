@@ -80,6 +80,15 @@ def add_context_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="the Chroma server holding the index's vectors (default: where it was built)",
     )
+    group.add_argument(
+        "--reward-config",
+        dest="context_reward_config",
+        type=Path,
+        default=None,
+        metavar="YAML",
+        help="the reward config reward_svc scores with; its context: section is also the "
+        "environment's reward (default: the packaged podium/data/rewards/default.yaml)",
+    )
 
 
 def context_config(args: argparse.Namespace) -> ContextTrainConfig:
@@ -87,7 +96,7 @@ def context_config(args: argparse.Namespace) -> ContextTrainConfig:
     that does not apply."""
     from podium_app.settings_cli import flag_values
     from podium_app.train.config import train_settings
-    from podium_app.train.context import ContextTrainConfig
+    from podium_app.train.context import ContextTrainConfig, reward_config
 
     for flag in ("config", "resume", "init"):
         if getattr(args, flag, None) not in (None, False):
@@ -104,14 +113,17 @@ def context_config(args: argparse.Namespace) -> ContextTrainConfig:
         values[SHARED[key]] = value
     if "run_dir" not in values:
         values["run_dir"] = Path("runs/context")
-    return ContextTrainConfig(
+    cfg = ContextTrainConfig(
         index=args.context_index,
         questions=args.context_questions,
         budget_tokens=args.context_budget,
         max_questions=args.context_max_questions,
         chroma_url=args.context_chroma,
+        reward_config=args.context_reward_config,
         **values,
     )
+    reward_config(cfg)  # a bad reward YAML is bad input: named before anything starts
+    return cfg
 
 
 def bar_fields(phase: str, f: dict[str, float], iterations: int) -> dict[str, Any]:

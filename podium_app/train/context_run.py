@@ -27,8 +27,10 @@ from podium.context.questions import Question
 from podium.errors import ConfigError, PodiumError
 from podium.policy.artifacts import path_from_uri
 from podium.policy.signing import TrustedKeys, ensure_key_pair
+from podium.rewards import RewardConfig
 from podium.rl.networks import ActorCritic
 from podium.v1 import reward_pb2
+from podium_app.plots import pyplot, save
 from podium_app.train.actor import publish_trajectories
 from podium_app.train.context import (
     MODEL_NAME,
@@ -43,6 +45,7 @@ from podium_app.train.context import (
     load_splits,
     play,
     rank_key,
+    reward_config,
     services,
     session,
 )
@@ -72,6 +75,8 @@ class ContextResult:
 class _Run:
     config: ContextTrainConfig
     env: ContextEnv
+    reward: RewardConfig
+    """reward_svc's config; ``env`` rewards with its ``context:`` section."""
     splits: dict[str, list[Question]]
     writer: Any
     say: Progress
@@ -80,6 +85,14 @@ class _Run:
     result: ContextResult
     best: tuple[tuple[float, float], reward_pb2.PolicyUpdated] | None = None
     t0: float = field(default_factory=time.perf_counter)
+
+
+def run_env(cfg: ContextTrainConfig, questions: list[Question], reward: RewardConfig) -> ContextEnv:
+    """The run's environment over ``questions``: searches cached, the budget, and the reward
+    config's ``context:`` section as its reward (what reward_svc scores the episodes with)."""
+    index = CachedIndex(ContextIndex.open(cfg.index, chroma_url=cfg.chroma_url))
+    env_cfg = ContextEnvConfig(budget_tokens=cfg.budget_tokens, reward=reward.context)
+    return ContextEnv(index, questions, env_cfg)
 
 
 def _open(cfg: ContextTrainConfig, say: Progress) -> _Run:
@@ -95,13 +108,13 @@ def _open(cfg: ContextTrainConfig, say: Progress) -> _Run:
     splits = load_splits(cfg.questions)
     if cfg.max_questions:
         splits["train"] = splits["train"][: cfg.max_questions]
-    index = CachedIndex(ContextIndex.open(cfg.index, chroma_url=cfg.chroma_url))
-    every = [q for s in splits.values() for q in s]
-    env = ContextEnv(index, every, ContextEnvConfig(budget_tokens=cfg.budget_tokens))
+    reward = reward_config(cfg)
+    env = run_env(cfg, [q for s in splits.values() for q in s], reward)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     return _Run(
         config=cfg,
         env=env,
+        reward=reward,
         splits=splits,
         writer=SummaryWriter(str(cfg.run_dir / "tb")),
         say=say,
@@ -240,9 +253,8 @@ async def train_context(cfg: ContextTrainConfig, progress: Progress | None = Non
     model = _cold_start(run)
     bus = connect(cfg.bus)
     run_topics = RunTopics.private(tag)
-    svc = services(
-        cfg, bus, learner(cfg, model, run.env.features, keys.private_path), run_topics, tag
-    )
+    algo = learner(cfg, model, run.env.features, keys.private_path)
+    svc = services(cfg, bus, algo, run_topics, tag, run.reward)
     follower = Follower(bus, run_topics.policy, TrustedKeys.load(str(keys.public_path)), tag)
     publisher = EventPublisher(bus, producer_name=f"podium-train/{tag}")
 
@@ -294,11 +306,7 @@ async def train_context(cfg: ContextTrainConfig, progress: Progress | None = Non
 def plot_curves(result: ContextResult, out: Path) -> None:
     """Validation and training answer found per iteration against the teacher, and the
     reward."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     hist = result.history
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     train = [(h["iteration"], h["answer_found"]) for h in hist if "answer_found" in h]
@@ -324,18 +332,12 @@ def plot_curves(result: ContextResult, out: Path) -> None:
     ax2.set_xlabel("PPO iteration")
     ax2.set_ylabel("context reward (mean per episode)")
     ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out, dpi=110)
 
 
 def plot_policies(result: ContextResult, out: Path) -> None:
     """Held-out answer found and precision per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(result.held_out)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     x = np.arange(len(names))
@@ -345,9 +347,7 @@ def plot_policies(result: ContextResult, out: Path) -> None:
     ax.set_ylim(0, 1)
     ax.legend()
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out, dpi=110)
 
 
 def write_report(result: ContextResult) -> Path:

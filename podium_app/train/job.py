@@ -22,8 +22,10 @@ swarm algorithm in both.
    decisions and the rollout baseline (cpls's return on the same (task, seed), common random
    numbers); reward_svc scores them; the learner decodes the scored trajectories, runs one PPO
    update, checkpoints, commits, publishes the new weights as safetensors with their sha256 and
-   announces them; the actor verifies and hot-swaps to them before its next batch (policy lag
-   0).
+   announces them; the actor verifies and hot-swaps to them. With ``max_policy_lag`` 1 (the
+   default) the actor samples the next batch with the version it serves while the learner
+   updates on this one (policy lag 1: acting and the update share the cores); with 0 it
+   waits for each version first (lag 0).
 3. A curriculum grows the task sizes; a validation split chooses the best version; the final
    table compares it with the rule engines on held-out tasks.
 
@@ -342,25 +344,69 @@ def _jobs_for(run: _Run, it: int) -> tuple[int, list[Job]]:
     return stage, jobs
 
 
-async def _iteration(run: _Run, it: int, version: int) -> int:
-    """One PPO iteration through the services; returns the new version."""
+@dataclass(slots=True)
+class _Batch:
+    """One iteration's training sessions."""
+
+    stage: int
+    episodes: list[Episode]
+    trajectories: list[trajectory_pb2.Trajectory]
+
+
+def _start_sampling(run: _Run, it: int) -> asyncio.Task[_Batch]:
+    """Iteration ``it``'s sessions, drawn now (the driver's random streams advance here, in
+    iteration order) and simulated in a worker thread: the event loop keeps the bus
+    consumers' heartbeats going (a blocked loop would get the actor evicted from its group)
+    and the learner's update runs beside them."""
     stage, jobs = _jobs_for(run, it)
     pools = _draw_pools(run, len(jobs))
-    # Sessions are simulated in a worker thread: the event loop keeps the bus consumers'
-    # heartbeats going (a blocked loop would get the actor evicted from its group).
     baseline = run.config.rollout_baseline
     if baseline == ADVICE:
         baseline = teacher_rule(run.env_cfg.advice)
-    eps, trajs = await asyncio.to_thread(run.actor.sample, jobs, baseline, pools)
-    await publish_trajectories(run.publisher, run.services.topics.trajectories, trajs)
-    event = await run.guarded(
-        run.follower.wait_version(version + 1, None), f"policy version {version + 1}"
-    )
+
+    async def sample() -> _Batch:
+        eps, trajs = await asyncio.to_thread(run.actor.sample, jobs, baseline, pools)
+        return _Batch(stage, eps, trajs)
+
+    return asyncio.create_task(sample(), name=f"podium-train-sample-{it}")
+
+
+@dataclass(slots=True)
+class _Ahead:
+    """The next iteration's sessions, sampling while the learner updates, and the driver's
+    random streams as they were before they were drawn (the checkpoint of this iteration)."""
+
+    batch: asyncio.Task[_Batch]
+    streams: dict[str, Any]
+
+
+async def _iteration(
+    run: _Run, it: int, version: int, ahead: _Ahead | None
+) -> tuple[int, _Ahead | None]:
+    """One PPO iteration through the services: the new version, and the next iteration's
+    sessions when they were started ahead (``TrainConfig.max_policy_lag`` >= 1, and this
+    iteration does not validate: validation and sampling share the actor's environments)."""
+    batch = await (ahead.batch if ahead else _start_sampling(run, it))
+    eps = batch.episodes
+    await publish_trajectories(run.publisher, run.services.topics.trajectories, batch.trajectories)
+    validating = it % run.config.eval_every == 0 or it == run.config.iterations
+    following: _Ahead | None = None
+    if run.config.max_policy_lag >= 1 and not validating and it < run.config.iterations:
+        streams = _streams(run)
+        following = _Ahead(_start_sampling(run, it + 1), streams)
+    try:
+        event = await run.guarded(
+            run.follower.wait_version(version + 1, None), f"policy version {version + 1}"
+        )
+    except BaseException:
+        if following is not None:
+            following.batch.cancel()
+        raise
     stats = {k: float(v) for k, v in event.metrics.items()}
     log = IterationLog(
         it,
         event.version,
-        stage,
+        batch.stage,
         ratio_to_bound(eps),
         completion_rate(eps),
         stats.get("reward_total", math.nan),
@@ -369,7 +415,7 @@ async def _iteration(run: _Run, it: int, version: int) -> int:
     run.writer.add_scalar("train/ratio_to_bound", log.train_ratio, it)
     run.writer.add_scalar("train/completion", log.train_completion, it)
     run.writer.add_scalar("train/reward_total", log.reward_total, it)
-    if it % run.config.eval_every == 0 or it == run.config.iterations:
+    if validating:
         await _validate(run, log, event)
     log.wall_s = time.perf_counter() - run.t0
     run.history.append(log)
@@ -386,7 +432,7 @@ async def _iteration(run: _Run, it: int, version: int) -> int:
             "cpls_val": run.cpls_val_ratio,
         },
     )
-    return int(event.version)
+    return int(event.version), following
 
 
 async def _finish(
@@ -554,13 +600,26 @@ def _new_run(
     return run
 
 
-def _checkpoint(run: _Run, iteration: int, bc_history: list[dict[str, float]]) -> None:
-    """The driver's half of the run's checkpoint (:mod:`podium_app.train.resume`), after
-    ``iteration`` (0: the starting version validated)."""
+def _streams(run: _Run) -> dict[str, Any]:
+    """The driver's random streams and the pools' statistics stores as they are now."""
     stores = [envs[0].stats for envs in run.actor.pools]
-    streams = resume.capture(iteration, run.rng, run.pool_rng, run.actor.generator, stores)
+    return resume.capture(run.rng, run.pool_rng, run.actor.generator, stores)
+
+
+def _checkpoint(
+    run: _Run,
+    iteration: int,
+    bc_history: list[dict[str, float]],
+    streams: dict[str, Any] | None = None,
+) -> None:
+    """The driver's half of the run's checkpoint (:mod:`podium_app.train.resume`), after
+    ``iteration`` (0: the starting version validated). ``streams``: those captured before
+    the next iteration's sessions were drawn, when they are sampling ahead (a resumed run
+    draws them again from there); None: as they are now."""
+    streams = _streams(run) if streams is None else streams
     best = (run.best.ratio, run.best.version, run.best.event) if run.best else None
     state = resume.DriverState(
+        iteration=iteration,
         **streams,
         cpls_val_ratio=run.cpls_val_ratio,
         cpls_val_completion=run.cpls_val_completion,
@@ -616,9 +675,10 @@ async def train(
             start.wall_s = time.perf_counter() - run.t0
             run.history.append(start)
             _checkpoint(run, 0, bc_history)
+        ahead: _Ahead | None = None
         for it in range(version + 1, config.iterations + 1):
-            version = await _iteration(run, it, version)
-            _checkpoint(run, it, bc_history)
+            version, ahead = await _iteration(run, it, version, ahead)
+            _checkpoint(run, it, bc_history, ahead.streams if ahead else None)
         run.writer.flush()
         result = await _finish(run, bc_history, before)
     finally:

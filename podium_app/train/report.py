@@ -16,13 +16,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from matplotlib.patches import Rectangle
-
 from podium.v1 import subtask_pb2, trajectory_pb2
+from podium_app.plots import pyplot, save
 
 if TYPE_CHECKING:
     from podium_app.train.config import TrainResult
@@ -32,6 +27,7 @@ POLICY_ORDER = ("sequential", "greedy", "cpls", "cpls-online", "learned")
 
 def plot_learning_curve(result: TrainResult, out: Path) -> None:
     """Validation and training latency/bound per iteration, and the mean reward."""
+    plt = pyplot()
     hist = result.history
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     its = [h.iteration for h in hist if not math.isnan(h.train_ratio)]
@@ -54,13 +50,12 @@ def plot_learning_curve(result: TrainResult, out: Path) -> None:
     ax2.set_xlabel("PPO iteration")
     ax2.set_ylabel("reward_svc total (mean per session)")
     ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out, dpi=110)
 
 
 def plot_losses(result: TrainResult, out: Path) -> None:
     """PPO statistics per iteration."""
+    plt = pyplot()
     rows = [h for h in result.history if h.stats]
     keys = ("pg_loss", "v_loss", "entropy", "approx_kl", "clip_fraction", "lr")
     fig, axes = plt.subplots(2, 3, figsize=(12, 6))
@@ -68,13 +63,12 @@ def plot_losses(result: TrainResult, out: Path) -> None:
         ax.plot([h.iteration for h in rows], [h.stats.get(k, math.nan) for h in rows])
         ax.set_title(k)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    save(fig, out)
 
 
 def plot_policies(summary: dict[str, Any], out: Path) -> None:
     """Held-out latency/bound and completion rate per policy."""
+    plt = pyplot()
     names = [n for n in POLICY_ORDER if n in summary["summary"]]
     s = summary["summary"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -103,13 +97,12 @@ def plot_policies(summary: dict[str, Any], out: Path) -> None:
     fig.suptitle(
         f"held-out tasks ({len(summary['tasks'])}), {summary['config']['episodes']} sessions each"
     )
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out, dpi=110)
 
 
 def plot_gantt(traj: trajectory_pb2.Trajectory, title: str, out: Path) -> None:
     """Sub-agent executions on lanes (first free lane at start time)."""
+    plt = pyplot()
     execs = sorted(traj.executions, key=lambda e: (e.start_time, e.execution_id))
     lanes: list[float] = []
     placed = []
@@ -121,6 +114,8 @@ def plot_gantt(traj: trajectory_pb2.Trajectory, title: str, out: Path) -> None:
         lanes[lane] = e.end_time
         placed.append((lane, e))
     agents = sorted({e.agent for e in execs})
+    from matplotlib.patches import Rectangle
+
     cmap = plt.get_cmap("tab10")
     color = {a: cmap(i % 10) for i, a in enumerate(agents)}
     fig, ax = plt.subplots(figsize=(11, 0.5 * max(len(lanes), 2) + 1.5))
@@ -153,9 +148,7 @@ def plot_gantt(traj: trajectory_pb2.Trajectory, title: str, out: Path) -> None:
     )
     handles = [Rectangle((0, 0), 1, 1, color=color[a]) for a in agents]
     ax.legend(handles, agents, fontsize=7, loc="upper right", ncol=2)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    save(fig, out)
 
 
 def _table(summary: dict[str, Any]) -> str:

@@ -115,16 +115,14 @@ def _b64(data: bytes) -> str:
 
 
 def capture(
-    iteration: int,
     rng: np.random.Generator,
     pool_rng: np.random.Generator,
     actor_generator: torch.Generator,
     stores: list[AgentStats | None],
 ) -> dict[str, Any]:
-    """The random streams and stores of a run at ``iteration`` (the rest of a
-    :class:`DriverState` is the run's figures)."""
+    """The random streams and stores of a run, copied as they are now (the rest of a
+    :class:`DriverState` is the run's iteration and figures)."""
     return {
-        "iteration": iteration,
         "rng": rng.bit_generator.state,
         "pool_rng": pool_rng.bit_generator.state,
         "actor_generator": bytes(actor_generator.get_state().numpy().tobytes()),

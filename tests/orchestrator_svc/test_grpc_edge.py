@@ -277,15 +277,17 @@ async def test_a_dead_parser_process_is_replaced(inproc_bus: InProcBus) -> None:
             await stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=task), timeout=30)
         ).session_id
         assert app.grpc is not None
-        workers = list(app.grpc.specs._executor._processes.values())
+        workers = app.grpc.specs.pids()
         assert workers
-        for process in workers:
-            assert process.pid is not None
-            os.kill(process.pid, signal.SIGKILL)
-            process.join(5)
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        for _ in range(100):  # up to 10 s
+            if not any(_alive(p) for p in workers):
+                break
+            await asyncio.sleep(0.1)
         reply = await stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=task), timeout=30)
         assert reply.session_id
-        assert not set(app.grpc.specs._executor._processes.values()) & set(workers)
+        assert app.grpc.specs.pids() and not set(app.grpc.specs.pids()) & set(workers)
 
 
 PARENT = """
@@ -296,7 +298,7 @@ from podium.envs.swarm.spec import default_pool
 async def main() -> None:
     workers = SpecWorkers(default_pool(), TaskLimits(1000, 8), max_pending=4)
     await workers.validate(text="name: t\\nsubtasks:\\n  - {id: a, kind: ui, work: 1}\\n")
-    print(*(p.pid for p in workers._executor._processes.values()), flush=True)
+    print(*workers.pids(), flush=True)
     await asyncio.sleep(60)
 
 if __name__ == "__main__":
@@ -329,6 +331,39 @@ async def test_parser_processes_do_not_outlive_a_killed_service(tmp_path: Path) 
     for pid in survivors:  # leave nothing behind, then fail
         os.kill(pid, signal.SIGKILL)
     assert not survivors
+
+
+STDIN_SCRIPT = """
+import asyncio
+from orchestrator_svc.specs import SpecWorkers, TaskLimits
+from podium.envs.swarm.spec import default_pool
+
+async def main():
+    workers = SpecWorkers(default_pool(), TaskLimits(1000, 8), max_pending=4)
+    try:
+        task = await workers.validate(text="name: piped\\nsubtasks:\\n  - {id: a, kind: ui, work: 1}\\n")
+        print(task.name, [s.id for s in task.subtasks], flush=True)
+    finally:
+        await workers.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_service_started_from_a_stdin_script_parses_specs(tmp_path: Path) -> None:
+    # `python -` has no main module file: parsers must not need one (multiprocessing's spawn
+    # re-imported it and every parser died). No __main__ guard either, on purpose.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(STDIN_SCRIPT.encode()), timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().strip() == "piped ['a']"
 
 
 def _alive(pid: int) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -96,6 +98,61 @@ async def test_bus_session_reproduces_the_simulator(
     ]
     assert got == expected_execs
     assert traj.policy_version == f"rules:{policy}"
+
+
+MIXED_POOL = """
+name: mixed
+agents:
+  - name: qa
+    kinds: {test: {speed: 1.0, success: 1.0, noise: 0.0}}
+  - name: digest
+    kinds: {search: {speed: 1.0, success: 1.0, noise: 0.0}}
+    runner: plugin
+    plugin: context-digest
+"""
+MIXED_TASK = """
+name: mixed
+subtasks:
+  - {id: find, kind: search, work: 1.0, description: find the login docs}
+  - {id: check, kind: test, work: 2.0, deps: [find]}
+  - {id: again, kind: test, work: 1.0}
+"""
+
+
+async def test_the_trajectory_records_who_ran_each_execution_and_when(
+    inproc_bus: InProcBus, stack_factory: Callable[..., Any], tmp_path: Path
+) -> None:
+    # A simulated agent's wall span is its pacing: the simulated duration times
+    # PODIUM_SUBAGENT_TIME_SCALE (slept by the worker), so it is at least that long; a
+    # plug-in's is its real run. Both are stamped by the worker that ran them.
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(MIXED_POOL)
+    scale = 0.01
+    before = time.time()
+    async with stack_factory(inproc_bus, workers=2, time_scale=scale, pool_spec=str(pool)) as stack:
+        sid = (
+            await stack.stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=MIXED_TASK), timeout=5)
+        ).session_id
+        async for _ in stack.stub.StreamSession(
+            ss.StreamSessionRequest(session_id=sid), timeout=30
+        ):
+            pass
+        handle = stack.orchestrator.session(sid)
+        assert handle is not None and handle.trajectory is not None
+        traj = handle.trajectory
+    after = time.time()
+    assert traj.completed
+    runners = {x.subtask_id: x.runner for x in traj.executions}
+    assert runners == {"find": "plugin", "check": "simulated", "again": "simulated"}
+    for x in traj.executions:
+        assert x.executor in {"worker-0", "worker-1"}
+        assert before <= x.wall_start <= x.wall_end <= after
+        if x.runner == "simulated":
+            # (less a millisecond: the event loop may wake a sleeper a clock tick early)
+            assert x.wall_end - x.wall_start >= (x.end_time - x.start_time) * scale - 1e-3
+    # The dependent started (wall clock) after what it depends on had ended.
+    by_id = {x.subtask_id: x for x in traj.executions}
+    assert by_id["check"].wall_start >= by_id["find"].wall_end
 
 
 async def test_missing_subagents_time_the_session_out_visibly(

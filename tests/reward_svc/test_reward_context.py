@@ -12,10 +12,10 @@ from podium.bus import Bus
 from podium.bus.consumer import DLQ_ERROR
 from podium.context.questions import GoldSpan
 from podium.rewards import default_config
+from podium.rewards.config import ContextRewardConfig
 from podium.rewards.context import (
     SEARCH_LOOP,
     ContextEpisode,
-    ContextRewardConfig,
     ContextStep,
     context_reward,
     episode_trajectory,

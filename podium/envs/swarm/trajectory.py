@@ -8,7 +8,8 @@ episode adds what only it knows through arguments, never by editing the message 
 * the acting policy's per-decision outputs and, for training, the decisions' tensors
   (:class:`DecisionData`: in-process rollouts and the orchestrator's learned sessions);
 * what the bus saw of each execution (:class:`BusOutcomes`: the orchestrator's sessions, whose
-  outcomes come from real sub-agent workers);
+  outcomes come from real sub-agent workers; each execution then also records the worker's
+  wall-clock span, the executor and its runner);
 * ids, labels, wall-clock times, a rollout baseline.
 
 :func:`decision_message` is the same builder for one decision, for whoever streams decisions
@@ -27,6 +28,7 @@ from podium.envs.swarm.actions import FINISH, START, WAIT
 from podium.envs.swarm.spec import Subtask, TaskSpec, parse_task, task_to_dict
 from podium.envs.swarm.state import ExecutionRecord, SwarmState
 from podium.errors import ConfigError
+from podium.tokens import count_tokens
 from podium.v1 import subtask_pb2, task_pb2, trajectory_pb2
 
 if TYPE_CHECKING:
@@ -135,7 +137,8 @@ def execution_context(
     state: SwarmState, unit: int, deps: Sequence[int]
 ) -> subtask_pb2.ExecutionContext:
     """The isolated context an execution of ``unit`` gets: the unit's own spec (a chunk has
-    work/k, a merge split_overhead × work) and its dependencies' outputs, nothing else."""
+    work/k, a merge split_overhead × work) and its dependencies' outputs, nothing else; its
+    size in :func:`~podium.tokens.count_tokens` tokens (at least 1)."""
     slot = state.u_slot[unit]
     base = state.task.subtasks[slot]
     spec = task_pb2.SubtaskSpec(
@@ -149,14 +152,11 @@ def execution_context(
         subtask_pb2.DependencyResult(subtask_id=state.unit_id(u), output=state.output_of(u))
         for u in deps
     ]
-    # Rough token count (4 characters per token) of what the sub-agent reads.
-    chars = (
-        len(spec.description)
-        + len(spec.id)
-        + sum(len(r.output) + len(r.subtask_id) for r in results)
-    )
+    # What the sub-agent reads, counted as every token budget in Podium is counted.
+    tokens = count_tokens(spec.description) + count_tokens(spec.id)
+    tokens += sum(count_tokens(r.output) + count_tokens(r.subtask_id) for r in results)
     return subtask_pb2.ExecutionContext(
-        subtask=spec, dependency_results=results, context_tokens=max(1, chars // 4)
+        subtask=spec, dependency_results=results, context_tokens=max(1, tokens)
     )
 
 
@@ -232,7 +232,9 @@ def _decision_messages(
 def execution_message(
     state: SwarmState, rec: ExecutionRecord, trajectory_id: str, bus: BusOutcomes | None = None
 ) -> trajectory_pb2.Execution:
-    """One execution as the trajectory records it (as the bus saw it, when ``bus`` is given)."""
+    """One execution as the trajectory records it (as the bus saw it, when ``bus`` is given:
+    the public id and context sent, the result's outcome, tool calls, wall span, executor and
+    runner)."""
     end = rec.end if rec.success is not None else state.clock
     ex = trajectory_pb2.Execution(
         execution_id=f"{trajectory_id}-{rec.id}",
@@ -259,6 +261,9 @@ def execution_message(
         ex.outcome = result.outcome
         ex.verified = result.verified
         ex.tool_calls.extend(result.tool_calls)
+        # Who really ran it and when, beside the simulated clock the policy schedules on.
+        ex.wall_start, ex.wall_end = result.wall_start, result.wall_end
+        ex.executor, ex.runner = result.executor, result.runner
     return ex
 
 

@@ -14,12 +14,13 @@ from podium.context.corpus import (
     ChunkingConfig,
     chunk_document,
     chunk_file,
-    count_tokens,
     document_format,
     iter_documents,
     read_document,
+    troff_text,
 )
 from podium.errors import CorpusError
+from podium.tokens import count_tokens
 
 DOCS = Path(__file__).parent / "fixtures" / "b-docs"
 JSON_DOC = DOCS / "py" / "library" / "json.rst.txt"
@@ -137,6 +138,47 @@ def test_rst_chunks_strip_markup_keep_versions_and_locate_the_text() -> None:
     assert "lightweight data interchange format" in intro.text
 
 
+INDEXED_FUNCTION = """\
+os --- Miscellaneous interfaces
+===============================
+
+.. function:: cpu_count()
+
+   Return the number of logical CPUs in the system.
+
+   .. index::
+      single: CPU; count
+      pair: processor; count
+
+   Returns None when the count is undetermined.
+
+   .. index:: single: affinity
+
+   Use len(os.sched_getaffinity(0)) for the usable ones.
+
+.. index:: module: os
+
+The module text after a top-level index.
+"""
+
+
+def test_text_after_an_indented_silent_directive_is_in_a_chunk() -> None:
+    """An ``.. index::`` inside a function's description hides its own body only; the rest
+    of the description (a gold span's text) is still chunked."""
+    chunks = chunk_document("os.rst", INDEXED_FUNCTION, "rst")
+    for needle in (
+        "Returns None when the count is undetermined.",
+        "Use len(os.sched_getaffinity(0)) for the usable ones.",
+        "The module text after a top-level index.",
+    ):
+        [chunk] = covering(chunks, INDEXED_FUNCTION, needle)
+        assert needle in chunk.text
+    joined = "\n".join(c.text for c in chunks)
+    assert (
+        "single:" not in joined and "processor; count" not in joined and "module: os" not in joined
+    )
+
+
 def test_man_page_chunks_follow_sections_without_troff() -> None:
     text = read_document(STRLEN)
     chunks = chunks_of(STRLEN)
@@ -149,6 +191,32 @@ def test_man_page_chunks_follow_sections_without_troff() -> None:
     assert "\\f" not in joined and "\\-" not in joined and ".BR" not in joined
     assert "lbx lb lb" not in joined  # tbl's layout lines are not text
     assert "MT-Safe" in joined
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        # Lines of real pages (open(2), getent(1), errno(3), setenv(3)), read the same by the
+        # chunker and the question generator.
+        (".BR open (2),", "open(2),"),
+        ('.BI "int open(const char *" pathname ", int " flags );', "int open(const char *pathname, int flags);"),
+        ("open, openat, creat \\- open and possibly create a file", "open, openat, creat - open and possibly create a file"),
+        (".B #include <fcntl.h>", "#include <fcntl.h>"),
+        ('.SH "SEE ALSO"', "SEE ALSO"),
+        ("/* Documented separately, in \\fBopenat2\\fP(2): */", "/* Documented separately, in openat2(2): */"),
+        (".TP", ""),
+        ('.\\" SPDX-License-Identifier: Linux-man-pages-copyleft', ""),
+        ("T{", ""),
+        # What the generator's own reader left as troff.
+        ("contains an \\[aq]=\\[aq] character", "contains an '=' character"),
+        ("For pciconfig_iobase(), \"hose\" value is NULL", 'For pciconfig_iobase(), "hose" value is NULL'),
+        # What both readers got wrong: an escaped space inside an argument, a trailing comment.
+        ('.BR \\-s\\ \\fIservice\\fP ", " \\-\\-service\\ \\fIservice\\fP', "-s service, --service service"),
+        ('.BR errno (1), \\" In the moreutils package', "errno(1),"),
+    ],
+)  # fmt: skip
+def test_troff_text_is_the_words_a_line_prints(line: str, words: str) -> None:
+    assert troff_text(line) == words
 
 
 def test_markdown_and_html_chunks() -> None:

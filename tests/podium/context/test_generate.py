@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from podium.context.corpus import chunk_file, iter_documents, read_document
+from podium.context.corpus import chunk_file, iter_documents, read_document, troff_text
 from podium.context.generate import (
     SPLITS,
     GenerateConfig,
@@ -184,3 +184,23 @@ def test_links_in_troff_comments_ask_nothing() -> None:
     assert lseek is not None and noted is not None and linked is not None
     assert seealso_questions(noted, {"lseek(2)": lseek}) == []
     assert [q.answer for q in seealso_questions(linked, {"lseek(2)": lseek})] == ["lseek(2)"]
+
+
+def test_questions_read_a_man_page_as_its_chunks_do() -> None:
+    """One troff reader (:func:`~podium.context.corpus.troff_text`): NAME's names and
+    description, and every prototype a header question is built from, are words of the
+    page's chunks, with no troff left in them."""
+    source = "man2/open.2"
+    text = read_document(path_of(source))
+    page = parse_man(source, text)
+    assert page is not None
+    assert page.names == ("open", "openat", "creat")
+    assert page.description == "open and possibly create a file"
+    chunks = chunk_file(source, path_of(source))
+    assert chunks[0].text.endswith("open, openat, creat - open and possibly create a file")
+    first, end = page.sections["SYNOPSIS"]
+    synopsis = [troff_text(line.text) for line in page.lines[first:end]]
+    assert "int creat(const char *pathname, mode_t mode);" in synopsis
+    joined = "\n".join(c.text for c in chunks)
+    for words in filter(None, synopsis):
+        assert words in joined and "\\f" not in words

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from podium.context.corpus import Chunk, count_tokens
+from podium.context.corpus import Chunk
 from podium.context.questions import GoldSpan
 from podium.context.scoring import (
     answer_found,
@@ -14,6 +14,7 @@ from podium.context.scoring import (
     score_context,
     tokens,
 )
+from podium.tokens import count_tokens
 
 GOLD = (GoldSpan("man2/open.2.gz", 100, 200), GoldSpan("man2/lseek.2.gz", 0, 50))
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -12,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from podium.context.index import ContextIndex
-from podium.errors import PluginError
+from podium.context.search_agents import SearchAgent
+from podium.errors import PluginError, WorkerError
 from podium.subagents import ExecutionRequest, SubAgent, load_subagent, registered
 from podium.v1 import subtask_pb2, task_pb2
 
@@ -119,6 +123,9 @@ async def test_a_dead_chroma_server_fails_dense_search_naming_it(index: ContextI
         ("bm25-search", {}, "option 'index'"),
         ("bm25-search", {"index": "X", "colour": "red"}, "unknown option"),
         ("dense-search", {"index": "X", "k": "many"}, "option k must be a positive integer"),
+        ("bm25-search", {"index": "X", "processes": "-1"}, "option processes must be"),
+        ("dense-search", {"index": "X", "processes": "two"}, "option processes must be"),
+        ("read-chunk", {"index": "X", "processes": "2"}, "unknown option"),
         ("read-chunk", {"index": "X", "k": "3"}, "unknown option"),
         ("read-chunk", {"index": "/nonexistent/index"}, "no context index at"),
     ],
@@ -129,3 +136,80 @@ def test_bad_options_are_refused_by_name(
     with pytest.raises(PluginError, match=message) as caught:
         load_subagent(plugin, options)
     assert plugin in str(caught.value)
+
+
+# -- searches in worker processes (option processes) ----------------------------------------
+
+
+def searcher_in_processes(plugin: str, index: ContextIndex, processes: str) -> SearchAgent:
+    found = agent(plugin, index, k="4", processes=processes)
+    assert isinstance(found, SearchAgent)
+    return found
+
+
+def reaped(pids: tuple[int, ...]) -> bool:
+    children = {p.pid for p in multiprocessing.active_children()}
+    return not any(pid in children or Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+@pytest.mark.parametrize("plugin", ["bm25-search", "dense-search"])
+async def test_a_search_in_a_worker_process_finds_what_one_in_process_finds(
+    plugin: str, index: ContextIndex
+) -> None:
+    queries = ["calculate the length of a string", "block signals", "rollback a deployment"]
+    here, there = agent(plugin, index, k="4"), searcher_in_processes(plugin, index, "1")
+    try:
+        local = [json.loads((await here.execute(request(q))).output) for q in queries]
+        reports = [await there.execute(request(q)) for q in queries]
+        [pid] = there.worker_pids
+        assert pid != os.getpid()
+    finally:
+        await here.close()
+        await there.close()
+    assert all(r.success for r in reports)
+    remote = [json.loads(r.output) for r in reports]
+    for mine, theirs in zip(local, remote, strict=True):
+        assert [(h["id"], h["rank"], h["tokens"]) for h in theirs["hits"]] == [
+            (h["id"], h["rank"], h["tokens"]) for h in mine["hits"]
+        ]
+        assert [h["score"] for h in theirs["hits"]] == pytest.approx(
+            [h["score"] for h in mine["hits"]], abs=1e-5
+        )
+    [call] = reports[0].tool_calls
+    assert call.name == f"{plugin.split('-')[0]}.search" and call.ok
+    assert reaped((pid,))
+
+
+async def test_a_killed_search_worker_is_a_clear_retriable_error_and_the_next_search_works(
+    index: ContextIndex,
+) -> None:
+    searcher = searcher_in_processes("bm25-search", index, "1")
+    try:
+        first = await searcher.execute(request("sigprocmask"))
+        [pid] = searcher.worker_pids
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match=f"bm25-search: worker process {pid} died") as caught:
+            await searcher.execute(request("sigprocmask", "q2"))
+        assert caught.value.retriable  # subagent_svc redelivers the assignment
+        again = await searcher.execute(request("sigprocmask", "q3"))
+        assert again.success and again.output == first.output
+        assert searcher.worker_pids and searcher.worker_pids != (pid,)
+    finally:
+        await searcher.close()
+
+
+async def test_failures_in_a_worker_are_failed_executions_and_close_ends_every_worker(
+    index: ContextIndex,
+) -> None:
+    searcher = searcher_in_processes("bm25-search", index, "2")
+    queries = ["signal mask", "rollback", "string length", "Kafka consumer group"]
+    reports = await asyncio.gather(
+        *(searcher.execute(request(q, f"q{i}")) for i, q in enumerate(queries))
+    )
+    assert [json.loads(r.output)["query"] for r in reports] == queries
+    pids = searcher.worker_pids
+    assert len(pids) == 2
+    blank = await searcher.execute(request("  ", "blank"))
+    assert not blank.success and "empty" in blank.error
+    await searcher.close()
+    assert searcher.worker_pids == () and reaped(pids)

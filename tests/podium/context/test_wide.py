@@ -64,7 +64,10 @@ def test_the_shipped_pool_is_pointed_at_the_index() -> None:
     pool = wide_pool("/srv/idx", chroma_url="http://h:1", k=7, width=5)
     by_name = {a.name: a.runner for a in pool.agents}
     assert by_name["bm25"].plugin == "bm25-search" and by_name["dense"].plugin == "dense-search"
-    assert by_name["bm25"].options == {"index": "/srv/idx", "chroma_url": "http://h:1", "k": "7"}
+    shipped = {"index": "/srv/idx", "chroma_url": "http://h:1", "k": "7", "processes": "auto"}
+    assert by_name["bm25"].options == shipped and by_name["dense"].options == shipped
+    in_process = wide_pool("/srv/idx", processes="0")
+    assert {a.runner.options.get("processes") for a in in_process.agents} == {"0", None}
     assert by_name["merger"].options == {"k": "5"} and pool.max_parallel == 10
     assert {a.name: sorted(a.kinds) for a in pool.agents} == {
         "bm25": [LEXICAL],
@@ -112,7 +115,7 @@ async def test_the_merge_plug_in_reports_fused_hits_or_names_a_bad_input() -> No
 async def test_run_direct_runs_the_real_search_plug_ins_one_after_another(tmp_path: Path) -> None:
     index = tmp_path / "index"
     ContextIndex.build([DOCS / "python", DOCS / "man"], index)
-    pool = wide_pool(index, k=3, width=2)
+    pool = wide_pool(index, k=3, width=2, processes="0")  # worker processes: test_search_agents
     agents = {a.name: load_subagent(a.runner.plugin, a.runner.options) for a in pool.agents}
     by_kind = {kind: a.name for a in pool.agents for kind in a.kinds}
     qs = [question(0, "Which header declares lseek()?"), question(1, "What does EACCES mean?")]

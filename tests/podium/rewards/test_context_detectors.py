@@ -11,13 +11,13 @@ import pytest
 
 from podium.context.questions import GoldSpan
 from podium.errors import ConfigError
+from podium.rewards.config import ContextRewardConfig
 from podium.rewards.context import (
     CONTEXT_DETECTORS,
     CONTEXT_HOARDING,
     GOLD_PRUNING,
     SEARCH_LOOP,
     ContextEpisode,
-    ContextRewardConfig,
     ContextStep,
     StepKind,
     context_hoarding,
@@ -132,7 +132,7 @@ def test_reward_shape_is_scored_from_the_kept_chunks() -> None:
 
 
 def test_negative_weight_is_named() -> None:
-    with pytest.raises(ConfigError, match="context reward turn"):
+    with pytest.raises(ConfigError, match=r"context\.turn: must be a finite number >= 0, got -1.0"):
         ContextRewardConfig(turn=-1.0)
 
 

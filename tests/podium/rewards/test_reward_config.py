@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from podium.context.questions import GoldSpan
 from podium.errors import ConfigError
-from podium.rewards import default_config, load_config
-from podium.rewards.config import RewardConfig, config_from_mapping
+from podium.rewards import default_config, load_config, score
+from podium.rewards.config import ContextRewardConfig, RewardConfig, config_from_mapping
+from podium.rewards.context import ContextEpisode, ContextStep, episode_trajectory
 from podium.rewards.schedules import cosine_anneal, linear_anneal, schedule_value
+from podium.v1 import trajectory_pb2
 
 DATA = Path(__file__).parents[3] / "podium" / "data" / "rewards"
 
@@ -82,6 +85,12 @@ def test_version_changes_with_any_value_and_is_stable_otherwise() -> None:
         (lambda m: m["detectors"].update(fake_parallelism=[1]), "detectors.fake_parallelism"),
         (lambda m: m["mix"].update(parl=0, multi_objective=0, multi_stage=0), "mix"),
         (lambda m: m["mix"].update(parl=float("nan")), "mix.parl"),
+        (lambda m: m["context"].update(fuond=1.0), "context.fuond"),
+        (lambda m: m["context"]["hoarding"].update(wieght=0.1), "context.hoarding.wieght"),
+        (lambda m: m["context"].update(turn=-0.1), "context.turn"),
+        (lambda m: m["context"].update(found="yes"), "context.found"),
+        (lambda m: m["context"]["gold_pruning"].update(scale=0), "context.gold_pruning.scale"),
+        (lambda m: m["context"]["hoarding"].update(keep_ratio=1.5), "context.hoarding.keep_ratio"),
     ],
 )
 def test_invalid_values_are_rejected_naming_the_field(edit, field: str) -> None:
@@ -130,3 +139,41 @@ def test_schedules_hold_their_end_value_after_the_configured_updates() -> None:
     values = [schedule_value(lam, p) for p in range(0, lam.updates + 1, 50)]
     assert all(a >= b for a, b in itertools.pairwise(values))
     assert values[-1] == pytest.approx(0.0, abs=1e-12)
+
+
+def _context_trajectory() -> trajectory_pb2.Trajectory:
+    """A context episode that keeps one gold and one other chunk after searching twice alike."""
+    gold = GoldSpan("gold.txt", 0, 100)
+    steps = (
+        ContextStep("search", retriever="bm25", form="question", query="open flags"),
+        ContextStep("search", retriever="bm25", form="question", query="Open  flags"),
+        ContextStep("keep", chunk_id="c1", source="gold.txt", start=0, end=100, tokens=100),
+        ContextStep("keep", chunk_id="c2", source="other.txt", start=0, end=100, tokens=100),
+        ContextStep("finish"),
+    )
+    return episode_trajectory(ContextEpisode("q", 1000, steps, (gold,)), trajectory_id="t")
+
+
+def test_the_context_section_sets_the_context_reward(tmp_path: Path) -> None:
+    traj = _context_trajectory()
+    default = default_config()
+    assert default.context == ContextRewardConfig()  # the shipped YAML states the defaults
+    before = score(traj, default, 0.0)
+    assert before.components["context.precision"] == pytest.approx(0.25 * 0.5)
+
+    mapping = _default_mapping()
+    mapping["context"]["precision"] = 1.0
+    mapping["context"]["search_loop"]["weight"] = 0.9
+    path = tmp_path / "reward.yaml"
+    path.write_text(yaml.safe_dump(mapping))
+    config = load_config(path)
+    after = score(traj, config, 0.0)
+    assert after.components["context.precision"] == pytest.approx(1.0 * 0.5)
+    loop = 1.0 - math.exp(-1 / 2.0)  # one repeated search (case and spacing do not count)
+    assert before.penalties["search_loop"] == pytest.approx(0.3 * loop)
+    assert after.penalties["search_loop"] == pytest.approx(0.9 * loop)
+    assert after.total == pytest.approx(before.total + 0.375 - 0.6 * loop)
+    # The context digest changes, the swarm part of the version does not.
+    assert config.version == default.version
+    assert after.reward_version != before.reward_version
+    assert after.reward_version.startswith(f"{default.version}+ctx")

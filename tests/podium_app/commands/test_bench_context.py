@@ -16,6 +16,7 @@ from podium.context.generate import all_questions, generate
 from podium.context.heuristics import BASELINES, run_episode
 from podium.context.index import ContextIndex
 from podium.context.learned import save_learned_policy
+from podium.context.procpool import resolve_processes
 from podium.context.questions import GoldSpan, Question, load_questions, write_questions
 from podium.rl.networks import ActorCritic
 from podium_app.bench_context import measure_wide
@@ -143,3 +144,6 @@ def test_wide_search_runs_its_searches_at_once_through_the_swarm(
     assert wide["peak_parallelism"]["sequential"] == 1
     assert wide["parallel_s"] > 0 and wide["sequential_s"] > 0 and wide["direct_s"] > 0
     assert wide["speedup"] == pytest.approx(wide["sequential_s"] / wide["parallel_s"], rel=1e-2)
+    # The shipped pool's searches ran in worker processes (processes: auto).
+    workers = resolve_processes("auto")
+    assert wide["search_processes"] == {"bm25": workers, "dense": workers}

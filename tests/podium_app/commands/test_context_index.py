@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,36 @@ def test_a_dead_chroma_server_and_missing_docs_are_refused(
     assert not out.exists()
     assert main(["context", "index", "--docs", str(tmp_path / "none"), "--out", str(out)]) == 2
     assert "--docs: not a directory" in capsys.readouterr().err
+
+
+def test_index_and_bench_share_one_docs_argument(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--docs`` is defined once: same help, type and check in both commands."""
+    import argparse
+
+    from podium_app.commands import bench_context, context
+
+    def docs_action(add: Callable[[argparse.ArgumentParser], None]) -> argparse.Action:
+        parser = argparse.ArgumentParser()
+        add(parser)
+        return next(a for a in parser._actions if "--docs" in a.option_strings)
+
+    index_docs = docs_action(context.add_arguments)
+    bench_docs = docs_action(bench_context.add_arguments)
+    fields = ("help", "type", "nargs", "required", "metavar")
+    assert [getattr(index_docs, f) for f in fields] == [getattr(bench_docs, f) for f in fields]
+
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a directory")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("{}\n")
+    out = tmp_path / "out"
+    assert main(["context", "index", "--docs", str(DOCS), str(a_file), "--out", str(out)]) == 2
+    index_err = capsys.readouterr().err
+    bench = ["bench", "context", "--docs", str(DOCS), str(a_file), "--questions", str(questions)]
+    assert main([*bench, "--budget", "100", "--json", str(out)]) == 2
+    bench_err = capsys.readouterr().err
+    expected = f"--docs: not a directory: {a_file}"
+    assert expected in index_err and expected in bench_err
+    assert not out.exists()

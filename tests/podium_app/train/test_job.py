@@ -14,11 +14,14 @@ import numpy as np
 import pytest
 
 from learner_svc.checkpoint import load_checkpoint
+from podium.bus import EventPublisher
 from podium.policy.artifacts import load_weights
 from podium.policy.signing import SigningKey, TrustedKeys
 from podium.policy.swarm import MODEL_NAME, build_swarm_policy, serving_signature
 from podium.serving.contract import random_inputs
 from podium.serving.export import onnx_session, torch_forward
+from podium.v1 import trajectory_pb2
+from podium_app.train import job
 from podium_app.train.config import TrainConfig
 from podium_app.train.job import train
 from podium_app.train.services import ProcessServices, run_key_pair
@@ -83,6 +86,40 @@ async def test_embedded_job_trains_every_trajectory_once_and_exports_each_versio
     assert (tmp_path / "run" / "report.html").is_file()
     # The actor served only what the run's own key signed (it refuses anything else).
     assert (tmp_path / "run" / "keys" / "policy-signing.pub").is_file()
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+async def test_the_actor_samples_ahead_by_at_most_the_policy_lag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lag: int
+) -> None:
+    """``max_policy_lag`` 1 (the default): iterations that do not validate sample the next
+    iteration's sessions while the learner updates, so those sessions are acted by the
+    version before the newest, never older; the learner trains every one of them. 0: each
+    iteration's sessions are acted by the newest version."""
+    acted: list[set[str]] = []
+    publish = job.publish_trajectories
+
+    async def recording(
+        publisher: EventPublisher, topic: str, trajs: list[trajectory_pb2.Trajectory]
+    ) -> None:
+        acted.append({t.policy_version for t in trajs})
+        await publish(publisher, topic, trajs)
+
+    monkeypatch.setattr(job, "publish_trajectories", recording)
+    config = small_config(tmp_path / "run", iterations=4, eval_every=4, max_policy_lag=lag)
+    result = await train(config)
+    assert result.exit_codes == {"reward_svc": 0, "learner_svc": 0}
+    assert len(acted) == 4 and all(len(versions) == 1 for versions in acted)
+    versions = [int(next(iter(v))) for v in acted]
+    newest = [it - 1 for it in range(1, 5)]  # iteration it follows version it - 1
+    if lag == 0:
+        assert versions == newest
+    else:
+        assert all(n - 1 <= v <= n for v, n in zip(versions, newest, strict=True))
+    ckpt = load_checkpoint(tmp_path / "run" / "learner")
+    assert ckpt is not None
+    assert ckpt.state.trained == 4 * 4
+    assert ckpt.state.skipped_off_policy == ckpt.state.dropped_stale == 0
 
 
 def test_a_run_makes_its_own_key_pair_learner_private_actor_public(tmp_path: Path) -> None:

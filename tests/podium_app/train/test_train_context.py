@@ -7,16 +7,19 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
+from podium import rewards
 from podium.context.env import ContextEnv, ContextEnvConfig
 from podium.context.generate import all_questions, generate
-from podium.context.heuristics import run_episode
+from podium.context.heuristics import SelectivePolicy, run_episode
 from podium.context.index import ContextIndex
 from podium.context.learned import load_learned_policy
 from podium.context.questions import write_questions
 from podium.errors import ConfigError
-from podium_app.train.context import ContextTrainConfig, load_splits, split_of
-from podium_app.train.context_run import train_context
+from podium.rewards.context import episode_trajectory
+from podium_app.train.context import ContextTrainConfig, load_splits, reward_config, split_of
+from podium_app.train.context_run import run_env, train_context
 
 FIXTURES = Path(__file__).parents[2] / "podium" / "context" / "fixtures" / "c-docs"
 ROOTS = [FIXTURES / "python", FIXTURES / "man"]
@@ -47,6 +50,43 @@ def test_splits_of_a_file_are_stable_and_a_directory_needs_all_three(
         load_splits(tmp_path)
     with pytest.raises(ConfigError, match="--budget must be >= 1"):
         ContextTrainConfig(index=tmp_path, questions=tmp_path, budget_tokens=0)
+
+
+def test_the_run_env_rewards_with_the_reward_configs_context_section(
+    tmp_path: Path, index: Path, question_file: Path
+) -> None:
+    # A reward YAML whose context weights differ from the defaults: the environment's own
+    # reward (the actor's return) must be what reward_svc scores with that file, not the
+    # dataclass defaults.
+    data = yaml.safe_load(_default_yaml())
+    data["context"].update(found=3.0, precision=1.5, turn=0.05, tokens=0.7)
+    path = tmp_path / "reward.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = ContextTrainConfig(
+        index=index, questions=question_file, run_dir=tmp_path / "run", reward_config=path
+    )
+    reward = reward_config(cfg)
+    assert reward.context.found == 3.0 and reward.context.turn == 0.05
+    questions = load_splits(question_file)["validation"]
+    env = run_env(cfg, questions, reward)
+    info = run_episode(env, SelectivePolicy(), questions[0])
+    traj = episode_trajectory(info["episode"], trajectory_id="t")
+    assert info["reward"].total == pytest.approx(rewards.score(traj, reward, 0.0).total)
+    default = rewards.score(traj, rewards.default_config(), 0.0).total
+    assert info["reward"].total != pytest.approx(default)
+    # Without a file: the packaged default, as reward_svc's in this run.
+    assert reward_config(ContextTrainConfig(index=index, questions=question_file)) == (
+        rewards.default_config()
+    )
+    path.write_text("context: {found: -1}\n")
+    with pytest.raises(ConfigError, match=r"--reward-config: reward config .*context.found"):
+        reward_config(cfg)
+
+
+def _default_yaml() -> str:
+    from importlib import resources
+
+    return resources.files("podium").joinpath("data/rewards/default.yaml").read_text("utf-8")
 
 
 async def test_train_context_clones_learns_through_the_services_and_leaves_a_policy(
@@ -103,7 +143,7 @@ async def test_train_context_clones_learns_through_the_services_and_leaves_a_pol
 
 
 def test_the_command_line_names_what_is_missing_or_does_not_apply(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, question_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from podium_app.cli import main
 
@@ -116,3 +156,7 @@ def test_the_command_line_names_what_is_missing_or_does_not_apply(
     assert "--budget must be >= 1" in capsys.readouterr().err
     assert main([*args, "--quick"]) == 2
     assert "--quick is not supported" in capsys.readouterr().err
+    missing = tmp_path / "missing.yaml"
+    run = ["--questions", str(question_file), "--run-dir", str(tmp_path / "run")]
+    assert main([*args, *run, "--reward-config", str(missing)]) == 2
+    assert f"--reward-config: reward config {missing}: cannot read" in capsys.readouterr().err

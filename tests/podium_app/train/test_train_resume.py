@@ -6,6 +6,7 @@ held-out figures are in the run's TensorBoard log."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,17 @@ class Crash(Exception):
     """Stands for the process dying after an iteration's checkpoints."""
 
 
+def crash_after_first(checkpoint: Callable[..., None]) -> Callable[..., None]:
+    """``job._checkpoint`` that raises :class:`Crash` once iteration 1's checkpoint is written."""
+
+    def checkpoint_then_crash(run: job._Run, iteration: int, *args: object) -> None:
+        checkpoint(run, iteration, *args)
+        if iteration == 1:
+            raise Crash
+
+    return checkpoint_then_crash
+
+
 def scalar_steps(run_dir: Path, tag: str) -> list[int]:
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
@@ -65,13 +77,7 @@ async def test_resume_continues_the_run_where_it_stopped(
     statistics stores all continued), and the TensorBoard curves have each step once."""
     whole = await train(tiny(tmp_path / "whole"))
     checkpoint = job._checkpoint
-
-    def crash_after_first(run: job._Run, iteration: int, bc: list[dict[str, float]]) -> None:
-        checkpoint(run, iteration, bc)
-        if iteration == 1:
-            raise Crash
-
-    monkeypatch.setattr(job, "_checkpoint", crash_after_first)
+    monkeypatch.setattr(job, "_checkpoint", crash_after_first(checkpoint))
     config = tiny(tmp_path / "cut")
     with pytest.raises(Crash):
         await train(config)
@@ -97,6 +103,28 @@ async def test_resume_continues_the_run_where_it_stopped(
     # The driver's and the learner's curves go on from the checkpoint's step.
     assert scalar_steps(config.run_dir, "train/ratio_to_bound") == [1, 2]
     assert scalar_steps(config.run_dir, "learner/policy_version") == [1, 2]
+
+
+async def test_a_run_sampling_ahead_resumes_to_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cut after iteration 1 while iteration 2's sessions were sampling ahead (validation
+    only at the end), the run resumes from the streams captured before those sessions were
+    drawn: the learner goes on from version 1 and trains every session of the 3 iterations
+    once."""
+    checkpoint = job._checkpoint
+    monkeypatch.setattr(job, "_checkpoint", crash_after_first(checkpoint))
+    config = tiny(tmp_path / "cut", iterations=3, eval_every=3)
+    with pytest.raises(Crash):
+        await train(config)
+    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    resumed = await train(config, resume_run=True)
+    assert resumed.exit_codes == {"reward_svc": 0, "learner_svc": 0}
+    ckpt = load_checkpoint(config.run_dir / "learner")
+    assert ckpt is not None
+    assert (ckpt.state.step, ckpt.state.policy_version) == (3, 3)
+    assert ckpt.state.trained == len(set(ckpt.state.ledger)) == 3 * 4
+    assert [h.iteration for h in resumed.history] == [0, 1, 2, 3]
 
 
 async def test_the_run_logs_its_hyperparameters_and_config(tmp_path: Path) -> None:

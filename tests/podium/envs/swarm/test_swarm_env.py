@@ -21,6 +21,7 @@ from podium.envs.swarm.spec import default_pool, parse_pool, parse_task
 from podium.envs.swarm.state import InvalidActionError
 from podium.envs.swarm.trajectory import DecisionData, episode_trajectory
 from podium.errors import ConfigError
+from podium.tokens import count_tokens
 from podium.v1 import subtask_pb2, trajectory_pb2
 
 DET_POOL = parse_pool(
@@ -119,6 +120,11 @@ def test_split_latency_and_isolated_contexts() -> None:
     assert ex["s#0"].context.subtask.work == pytest.approx(2.0) and ex["s#0"].split_k == 2
     assert [d.subtask_id for d in ex["s#merge"].context.dependency_results] == ["s#0", "s#1"]
     assert ex["s#merge"].context.subtask.work == pytest.approx(1.0)
+    # Sizes counted as every token budget is (count_tokens): the merge reads its id "s#merge"
+    # (3 tokens) and two chunks' ids ("s#0": 3) and outputs ("result of s#0": 5); p its id.
+    assert count_tokens("result of s#0") == 5
+    assert ex["s#merge"].context.context_tokens == 3 + 2 * (3 + 5)
+    assert ex["p"].context.context_tokens == 1
     assert ex["s#merge"].start_time == pytest.approx(3.15) and ex[
         "s#merge"
     ].end_time == pytest.approx(4.15)

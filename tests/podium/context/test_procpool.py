@@ -1,0 +1,144 @@
+"""The worker-process pool: replies from real spawned processes, errors typed as promised, a
+killed worker replaced, nothing left running after close. The workers run builtins
+(``int`` as setup, ``operator.truediv`` as handler) so each starts in a fraction of a second."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import operator
+import os
+import signal
+import threading
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from podium.context.procpool import WorkerPool, resolve_processes
+from podium.errors import WorkerError
+
+
+def pool(processes: int = 1, start: str = "6") -> WorkerPool:
+    """Workers whose state is ``int(start)`` and that answer ``state / request``."""
+    return WorkerPool("divide", processes, partial(int, start), operator.truediv, (TypeError,))
+
+
+def gone(pids: tuple[int, ...]) -> bool:
+    """No process of ``pids`` exists any more (reaped, not a zombie)."""
+    children = {p.pid for p in multiprocessing.active_children()}
+    return not any(pid in children or Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+async def test_concurrent_calls_run_in_separate_worker_processes() -> None:
+    workers = pool(processes=2)
+    assert workers.pids() == ()  # started on demand
+    try:
+        assert [await workers.call(n) for n in (1, 2, 3)] == [6.0, 3.0, 2.0]
+        assert len(workers.pids()) == 1  # one call at a time: one worker is enough
+        assert list(await asyncio.gather(workers.call(2), workers.call(3))) == [3.0, 2.0]
+        pids = workers.pids()
+        assert len(pids) == 2 and os.getpid() not in pids
+        assert await workers.call(6) == 1.0 and workers.pids() == pids  # reused, not respawned
+    finally:
+        await workers.close()
+    assert workers.pids() == () and gone(pids)
+
+
+async def test_expected_errors_keep_their_type_and_others_are_named() -> None:
+    workers = pool()
+    try:
+        with pytest.raises(TypeError, match="unsupported operand"):
+            await workers.call("x")
+        [pid] = workers.pids()
+        with pytest.raises(WorkerError, match="ZeroDivisionError: division by zero") as caught:
+            await workers.call(0)
+        assert caught.value.retriable is False and str(pid) in str(caught.value)
+        assert await workers.call(3) == 2.0 and workers.pids() == (pid,)  # the worker stayed
+    finally:
+        await workers.close()
+
+
+async def test_a_killed_worker_is_a_retriable_error_and_is_replaced() -> None:
+    workers = pool()
+    try:
+        assert await workers.call(2) == 3.0
+        [pid] = workers.pids()
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match="died before answering") as caught:
+            await workers.call(3)
+        assert caught.value.retriable is True
+        assert str(pid) in str(caught.value) and "SIGKILL" in str(caught.value)
+        assert gone((pid,))
+        assert await workers.call(3) == 2.0
+        assert len(workers.pids()) == 1 and workers.pids() != (pid,)
+    finally:
+        await workers.close()
+
+
+async def started_call(workers: WorkerPool, request: float) -> tuple[asyncio.Task[object], int]:
+    """A call in flight in its (only) worker, and that worker's pid."""
+    call = asyncio.create_task(workers.call(request))
+    for _ in range(6000):  # the worker starts within a minute, however busy the machine
+        if workers.pids():
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)  # the request is on its way: the worker is waiting on it
+    return call, workers.pids()[0]
+
+
+async def test_a_worker_killed_mid_call_fails_that_call_and_the_next_one_works() -> None:
+    # The worker's state is an Event never set: a call waits ``request`` seconds in the worker.
+    workers = WorkerPool("wait", 1, threading.Event, threading.Event.wait)
+    try:
+        call, pid = await started_call(workers, 60)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match=f"wait: worker process {pid} died") as caught:
+            await asyncio.wait_for(call, 30)
+        assert caught.value.retriable and "SIGKILL" in str(caught.value)
+        assert await workers.call(0) is False and workers.pids() != (pid,)
+    finally:
+        await workers.close()
+
+
+async def test_a_cancelled_call_ends_its_worker_so_no_late_reply_is_misread() -> None:
+    workers = WorkerPool("wait", 1, threading.Event, threading.Event.wait)
+    try:
+        call, pid = await started_call(workers, 60)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert gone((pid,)) and workers.pids() == ()
+        assert await workers.call(0) is False
+    finally:
+        await workers.close()
+
+
+async def test_a_worker_that_cannot_start_says_why() -> None:
+    workers = pool(start="six")
+    with pytest.raises(WorkerError, match="failed to start: ValueError: invalid literal") as caught:
+        await workers.call(1)
+    assert caught.value.retriable is False and workers.pids() == ()
+    await workers.close()
+
+
+async def test_close_ends_every_worker_and_refuses_later_calls() -> None:
+    workers = pool(processes=3)
+    await asyncio.gather(*(workers.call(n) for n in (1, 2, 3)))
+    pids = workers.pids()
+    assert len(pids) == 3
+    await workers.close()
+    assert gone(pids)
+    with pytest.raises(WorkerError, match="closed"):
+        await workers.call(1)
+
+
+def test_processes_option_values() -> None:
+    assert resolve_processes("0") == 0 and resolve_processes(" 3 ") == 3
+    assert 1 <= resolve_processes("auto") == min(len(os.sched_getaffinity(0)), 8)
+    assert resolve_processes("AUTO", cap=1) == 1
+    for bad in ("-1", "many", "2.5", ""):
+        with pytest.raises(ValueError, match="non-negative integer or 'auto'"):
+            resolve_processes(bad)
+    with pytest.raises(ValueError, match="at least 1 process"):
+        pool(processes=0)
