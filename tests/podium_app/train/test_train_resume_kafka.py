@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from kafka_helpers import kafka_url
-from test_train_resume import Crash, tiny, weights_sha
+from test_train_resume import Crash, crash_after_first, tiny, weights_sha
 
 from learner_svc.checkpoint import load_checkpoint
 from podium_app.train import job
@@ -22,13 +22,7 @@ async def test_a_kafka_run_resumes_with_its_learner_process(
 ) -> None:
     bus = kafka_url(kafka_bootstrap, heartbeat_interval_ms=250, session_timeout_ms=6000)
     checkpoint = job._checkpoint
-
-    def crash_after_first(run: job._Run, iteration: int, bc: list[dict[str, float]]) -> None:
-        checkpoint(run, iteration, bc)
-        if iteration == 1:
-            raise Crash
-
-    monkeypatch.setattr(job, "_checkpoint", crash_after_first)
+    monkeypatch.setattr(job, "_checkpoint", crash_after_first(checkpoint))
     config = tiny(tmp_path / "kafka", bus=bus)
     with pytest.raises(Crash):
         await train(config)
