@@ -135,6 +135,18 @@ def training_progress(console: Console) -> Progress:
     )
 
 
+def print_if_not_terminal(console: Console, bar: Progress) -> None:
+    """Without a terminal (logs, CI) there is no live bar: one line per progress event."""
+    if console.is_terminal:
+        return
+    shown = bar.tasks[0]
+    console.print(
+        f"{shown.description} {shown.completed:.0f}/{shown.total:.0f} "
+        f"{shown.fields.get('figures', '')}",
+        highlight=False,
+    )
+
+
 def set_aside_previous_run(run_dir: Path) -> Path | None:
     """Move a non-empty ``run_dir`` to ``<run_dir>.<its modification time>`` and return the new
     path (None if there was nothing to move).
@@ -287,14 +299,7 @@ def run(args: argparse.Namespace) -> int:
 
         def progress(phase: str, f: dict[str, float]) -> None:
             bar.update(task, **bar_update(phase, f, cfg, start))
-            if not console.is_terminal:
-                # No live bar in logs and CI: one line per event instead.
-                shown = bar.tasks[0]
-                console.print(
-                    f"{shown.description} {shown.completed:.0f}/{shown.total:.0f} "
-                    f"{shown.fields.get('figures', '')}",
-                    highlight=False,
-                )
+            print_if_not_terminal(console, bar)
 
         try:
             signal.signal(signal.SIGTERM, _interrupt)

@@ -170,7 +170,11 @@ def run_context(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    from podium_app.commands.train import set_aside_previous_run, training_progress
+    from podium_app.commands.train import (
+        print_if_not_terminal,
+        set_aside_previous_run,
+        training_progress,
+    )
 
     # A learner resumes from the checkpoint in its run directory and versions are
     # immutable: a new run never starts in an old one's directory (it is moved aside).
@@ -183,13 +187,7 @@ def run_context(args: argparse.Namespace) -> int:
 
         def progress(phase: str, f: dict[str, float]) -> None:
             bar.update(task, **bar_fields(phase, f, cfg.iterations))
-            if not console.is_terminal:
-                shown = bar.tasks[0]
-                console.print(
-                    f"{shown.description} {shown.completed:.0f}/{shown.total:.0f} "
-                    f"{shown.fields.get('figures', '')}",
-                    highlight=False,
-                )
+            print_if_not_terminal(console, bar)
 
         try:
             result = asyncio.run(train_context(cfg, progress))
