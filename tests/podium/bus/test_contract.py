@@ -235,20 +235,29 @@ async def test_rebalance_on_join_and_leave_loses_nothing(bus: Bus, unique: Names
     await publish(0, 30)
     await _until(lambda: len(processed["a"]) >= 10)
     task_b = asyncio.create_task(work("b"))  # join: partitions move from a to b
-    await publish(30, 60)
-    # A join waits out a rebalance, which a loaded broker can take tens of seconds over.
-    await _until(lambda: len(processed["b"]) > 0, timeout_s=90.0)
+    # Records keep arriving until b has processed one: a join waits out a rebalance, which a
+    # loaded broker can take tens of seconds over, and a alone drains a fixed batch before
+    # b is handed a partition.
+    sent = 30
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 90.0
+    while not processed["b"]:
+        assert loop.time() < deadline, "b was never handed a partition with records"
+        await publish(sent, sent + 3)
+        sent += 3
+        await asyncio.sleep(0.2)
     stop["a"].set()  # leave: a's partitions move to b
     await task_a
-    await publish(60, 90)
-    await _until(lambda: set(processed["a"]) | set(processed["b"]) >= set(range(90)))
+    await publish(sent, sent + 30)
+    sent += 30
+    await _until(lambda: set(processed["a"]) | set(processed["b"]) >= set(range(sent)))
     stop["b"].set()
     await task_b
     seen = processed["a"] + processed["b"]
-    assert set(seen) == set(range(90))
+    assert set(seen) == set(range(sent))
     # Graceful handover: each member committed what it processed before giving partitions
     # up, so nothing was processed twice either.
-    assert len(seen) == 90
+    assert len(seen) == sent
 
 
 async def _until(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
