@@ -14,8 +14,17 @@ execution has reported. New executions start at the current clock and last a pos
 so they are never due within the decision that starts them; this is what lets the
 environment's synchronous ``step`` run unchanged. With seeds drawn in the same order as the
 simulator's, a session over the bus reproduces the simulated session exactly (tested).
-The price is one bus round trip per decision; real (not simulated) sub-agents would instead
-be scheduled in wall-clock time as their results arrive.
+The price is one bus round trip per decision.
+
+**Real sub-agents are scheduled as their results arrive.** When no agent of the pool is
+simulated (every one a plug-in or an external worker), exact replay means nothing: their
+outcomes are real work, and their simulated end is their assignment's clock plus the real
+seconds they queued and ran (subagent_svc). Waiting for every running result before each
+decision would then run a session's executions one at a time whatever the policy starts.
+Such a session decides without waiting; only a WAIT with nothing in hand waits, for the
+first result to arrive. A result that arrives after the clock passed its end is delivered
+at the next decision (``complete`` keeps the clock monotone). Pools with any simulated agent
+keep the exact rule above.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from podium.bus.consumer import EventPublisher
 from podium.envs.swarm import FINISH, START, WAIT, EnvConfig, PolicyStep, SwarmEnv
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.simulator import SwarmSimulator
-from podium.envs.swarm.spec import TaskSpec
+from podium.envs.swarm.spec import RUNNER_SIMULATED, TaskSpec
 from podium.envs.swarm.state import ExecutionRecord, InvalidActionError, StateConfig
 from podium.envs.swarm.trajectory import (
     ENV_NAME,
@@ -113,6 +122,8 @@ class BusSimulator(SwarmSimulator):
         review_slots: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__(task, pool, seed=seed, config=config)
+        self.as_arrived = all(a.runner.kind != RUNNER_SIMULATED for a in pool.spec.agents)
+        """No agent is simulated: results are delivered as they arrive (module docstring)."""
         self.review_slots = review_slots
         """Slots whose start needs a human review."""
         self.approved: set[int] = set()
@@ -151,11 +162,15 @@ class BusSimulator(SwarmSimulator):
         """Running executions whose result has not arrived."""
         return [e for e in self.state.running if e not in self.results]
 
+    def pending(self) -> list[int]:
+        """Running executions whose result has arrived but is not delivered yet."""
+        return [e for e in self.state.running if e in self.results]
+
     def deliver_due(self) -> int:
         ev, st, n = self._events, self.state, 0
         # The invariant of the module docstring: only executions started at this very clock
         # (by the decision being applied) may still lack a result; they cannot be due yet.
-        if any(st.running[e].start < st.clock for e in self.missing()):
+        if not self.as_arrived and any(st.running[e].start < st.clock for e in self.missing()):
             raise InvalidActionError("deliver_due() with results of earlier executions missing")
         while ev and ev[0][0] <= st.clock:
             end, eid, ok = heapq.heappop(ev)
@@ -361,14 +376,20 @@ class Session:
             self._arrived.notify_all()
         return True
 
-    async def _await_running(self) -> None:
-        if not self.sim.missing():
+    async def _await_running(self, *, first: bool = False) -> None:
+        """Wait for every running execution's result, or with ``first`` for one to be in
+        hand (a result not yet delivered), when anything is running."""
+        sim = self.sim
+
+        def arrived() -> bool:
+            return bool(sim.pending()) if first else not sim.missing()
+
+        if not sim.state.running or arrived():
             return
         async with self._arrived:
             try:
                 await asyncio.wait_for(
-                    self._arrived.wait_for(lambda: not self.sim.missing()),
-                    self.settings.result_timeout_s,
+                    self._arrived.wait_for(arrived), self.settings.result_timeout_s
                 )
             except TimeoutError:
                 ids = ", ".join(self.execution_id(e) for e in self.sim.missing()[:5])
@@ -515,7 +536,8 @@ class Session:
         self.handle.state = ss_pb2.SESSION_STATE_RUNNING
         terminated = truncated = False
         while not (terminated or truncated):
-            await self._await_running()
+            if not self.sim.as_arrived:
+                await self._await_running()
             await self._settle_reviews()
             terminated, truncated = await self._decide()
             await self._request_reviews()
@@ -538,6 +560,8 @@ class Session:
         record_decision(SERVICE, decide_ms / 1000.0)
         if self.recorder is not None:
             self.recorder.record(env.observation(), env.action_masks(), step.action)
+        if self.sim.as_arrived and step.action == env.codec.wait:
+            await self._await_running(first=True)
         before = len(self.sim.delivered)
         _, reward, terminated, truncated, _ = env.step(step.action)
         self.decide_ms.append(decide_ms)

@@ -71,6 +71,9 @@ class SwarmRun:
     execution_ms: float
     """Mean wall-clock milliseconds of one execution (a search or a merge) in the timed tasks:
     beside the tasks' wall clocks, it shows what running side by side cost each one."""
+    wall_parallelism: int
+    """Most executions whose real wall-clock spans overlapped at one instant (the peak
+    parallelism counts what the session had started; this, what really ran at once)."""
 
 
 async def _submit(port: int, task: TaskSpec, seed: int) -> tuple[float, Any]:
@@ -146,8 +149,26 @@ async def run_swarm(
         await orchestrator.stop()
         await worker.stop()
         await bus.stop()
-    spans = [r.wall_end - r.wall_start for r in worker.stats.results[warm:]]
-    return SwarmRun(walls, peak, executions, 1000 * sum(spans) / max(len(spans), 1))
+    timed = worker.stats.results[warm:]
+    spans = [r.wall_end - r.wall_start for r in timed]
+    return SwarmRun(
+        walls,
+        peak,
+        executions,
+        1000 * sum(spans) / max(len(spans), 1),
+        most_at_once([(r.wall_start, r.wall_end) for r in timed]),
+    )
+
+
+def most_at_once(spans: Sequence[tuple[float, float]]) -> int:
+    """Most of the ``(start, end)`` spans open at one instant; a span ending exactly when
+    another starts does not overlap it."""
+    edges = sorted([(end, -1) for _, end in spans] + [(start, 1) for start, _ in spans])
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
 
 
 async def direct_seconds(pool: PoolSpec, tasks: Sequence[TaskSpec]) -> list[float]:
@@ -205,6 +226,10 @@ def measure_wide(
         "peak_parallelism": {
             "parallel": parallel.peak_parallelism,
             "sequential": sequential.peak_parallelism,
+        },
+        "wall_parallelism": {
+            "parallel": parallel.wall_parallelism,
+            "sequential": sequential.wall_parallelism,
         },
         "group_members": members,
         "search_processes": search_processes(pool),

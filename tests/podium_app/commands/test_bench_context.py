@@ -19,7 +19,7 @@ from podium.context.learned import save_learned_policy
 from podium.context.procpool import resolve_processes
 from podium.context.questions import GoldSpan, Question, load_questions, write_questions
 from podium.rl.networks import ActorCritic
-from podium_app.bench_context import measure_wide
+from podium_app.bench_context import measure_wide, most_at_once
 from podium_app.cli import main
 
 FIXTURES = Path(__file__).resolve().parents[2] / "podium" / "context" / "fixtures" / "c-docs"
@@ -142,8 +142,18 @@ def test_wide_search_runs_its_searches_at_once_through_the_swarm(
     # another, never more than one at a time.
     assert wide["peak_parallelism"]["parallel"] >= 2
     assert wide["peak_parallelism"]["sequential"] == 1
+    # And they really ran at once on the wall clock: orchestrator_svc schedules real agents as
+    # their results arrive instead of waiting for every running result before each decision.
+    assert wide["wall_parallelism"]["parallel"] >= 2
+    assert wide["wall_parallelism"]["sequential"] == 1
     assert wide["parallel_s"] > 0 and wide["sequential_s"] > 0 and wide["direct_s"] > 0
     assert wide["speedup"] == pytest.approx(wide["sequential_s"] / wide["parallel_s"], rel=1e-2)
     # The shipped pool's searches ran in worker processes (processes: auto).
     workers = resolve_processes("auto")
     assert wide["search_processes"] == {"bm25": workers, "dense": workers}
+
+
+def test_most_at_once_counts_spans_open_at_one_instant() -> None:
+    assert most_at_once([]) == 0
+    assert most_at_once([(0.0, 1.0), (1.0, 2.0), (2.0, 3.0)]) == 1  # back to back
+    assert most_at_once([(0.0, 3.0), (1.0, 2.0), (1.5, 4.0), (3.5, 5.0)]) == 3
