@@ -19,9 +19,12 @@ The observation (:data:`OBSERVATION_FEATURES` names each column, all in [0, 1]) 
 budget used, searches and steps made, which searches were done, the question's own features
 (length, whether it names identifiers, quotes a phrase or names a constant, its key terms
 hashed into buckets: what a policy conditions its query forms on), the head's retriever
-scores and ranks, RRF score, title term overlap, length, position in its document and — once
-read — body overlap, the next :attr:`ContextEnvConfig.lookahead` candidates' scores, overlaps
-and positions, and a summary of the kept context. Scores are normalised per search (BM25 by
+scores and ranks, RRF score, title term overlap, length, position in its document, — once
+read — body overlap, and its *match* with what the question names (:func:`match_features`,
+from the hit's text on arrival: the document's file name, its heading line's document and
+section titles, the question's names, constant, quoted phrase and version in its text, the
+section title's words hashed), the next :attr:`ContextEnvConfig.lookahead` candidates'
+scores, overlaps and positions, and a summary of the kept context. Scores are normalised per search (BM25 by
 the search's best score; dense cosine as is, clipped), so the features mean the same on any
 corpus.
 
@@ -314,6 +317,8 @@ class Candidate:
     """Known once read."""
     names_identifier: bool = False
     """Holds an identifier of the question (known once read)."""
+    match: list[float] = field(default_factory=list)
+    """:func:`match_features` of its text against the question (computed on arrival)."""
 
 
 @dataclass(slots=True)
@@ -325,6 +330,8 @@ class ContextState:
     idents: list[str]
     question_features: list[float]
     """:func:`question_features` of the question (computed once per episode)."""
+    cues: QuestionCues
+    """What a chunk is matched against (:func:`question_cues`, once per episode)."""
     queue: dict[str, Candidate] = field(default_factory=dict)
     """Undecided candidates by chunk id."""
     kept: list[Candidate] = field(default_factory=list)
@@ -358,6 +365,7 @@ _GLOBAL = (
     "kept_best_overlap",
     "kept_sources",
     "has_head",
+    "kept_best_match",
 )
 _CANDIDATE = (
     "bm25_score",
@@ -375,6 +383,25 @@ _CANDIDATE = (
     "same_source_as_kept",
     "position",
 )
+_MATCH = (
+    "doc_names_identifier",
+    "title_names_identifier",
+    "section_names_identifier",
+    "identifiers_in_text",
+    "identifier_count",
+    "names_constant",
+    "quotes_phrase",
+    "names_version",
+    "section_overlap",
+    "text_overlap",
+)
+_MATCH_FLAGS = 8
+"""The first columns of :data:`_MATCH` that say whether the chunk names what the question
+names (their mean is a chunk's ``kept_best_match``)."""
+SECTION_BUCKETS = 8
+"""Hashed buckets of a chunk's section-heading words ("ERRORS", "SYNOPSIS", "SEE ALSO" ...):
+with the question's term buckets, what lets a policy learn which part of a page answers
+which kind of question, on any corpus."""
 _LOOKAHEAD = ("rrf", "bm25_rank", "dense_rank", "title_overlap", "tokens", "position")
 
 
@@ -389,7 +416,8 @@ def observation_features(lookahead: int) -> tuple[str, ...]:
     question = tuple(f"question:{n}" for n in _QUESTION)
     buckets = tuple(f"question:term{i}" for i in range(QUESTION_BUCKETS))
     searched = tuple(f"searched:{r}:{f}" for r, f in ACTIONS.searches)
-    head = tuple(f"head:{n}" for n in _CANDIDATE)
+    head = tuple(f"head:{n}" for n in _CANDIDATE + _MATCH)
+    head += tuple(f"head:section{i}" for i in range(SECTION_BUCKETS))
     ahead = tuple(f"next{i}:{n}" for i in range(lookahead) for n in _LOOKAHEAD)
     return _GLOBAL + question + buckets + searched + head + ahead
 
@@ -419,6 +447,89 @@ def chunk_position(chunk: Chunk) -> float:
     return min(1.0, int(number) / 32) if number.isdigit() else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class QuestionCues:
+    """What a question names, in the forms a chunk's text is matched against."""
+
+    terms: tuple[str, ...]
+    """Its key terms (:func:`key_terms`)."""
+    names: tuple[str, ...]
+    """Its identifiers that are names (functions, modules, pages), lower-case."""
+    constants: tuple[str, ...]
+    """Its upper-case constants (an errno, a flag), as written."""
+    phrases: tuple[str, ...]
+    """Its quoted phrases, lower-case."""
+    versions: tuple[str, ...]
+    """Its version-like numbers ("3.9")."""
+
+
+_CONSTANT = re.compile(r"[A-Z][A-Z0-9_]{2,}")
+_VERSION = re.compile(r"\b\d+\.\d+\b")
+_DOC_EXTENSION = re.compile(r"\.(?:rst\.txt|rst|txt|md|markdown|html?|[1-9]\w*)$")
+HEADING_SEPARATOR = " › "
+"""Between the document title and the section titles in a chunk's heading line (the
+chunker's format, :mod:`podium.context.corpus`)."""
+
+
+def question_cues(question: str) -> QuestionCues:
+    """The cues of ``question`` (once per episode)."""
+    phrases = tuple((a or b).lower() for a, b in _QUOTED.findall(question))
+    found = identifiers(question)
+    constants = tuple(i for i in found if _CONSTANT.fullmatch(i))
+    names = tuple(
+        i.lower() for i in found if i not in constants and " " not in i and i.lower() not in phrases
+    )
+    return QuestionCues(
+        tuple(key_terms(question)), names, constants, phrases, tuple(_VERSION.findall(question))
+    )
+
+
+def document_name(source: str) -> str:
+    """A document's name as a question would name it: the file name without its directory,
+    compression and extension (``man2/lseek.2.gz`` → ``lseek``, ``library/os.rst.txt`` →
+    ``os``), lower-case."""
+    base = source.rsplit("/", 1)[-1].removesuffix(".gz")
+    return _DOC_EXTENSION.sub("", base).lower()
+
+
+def _names_document(names: Sequence[str], document: str) -> bool:
+    """Whether a name is the document's, whole or as the first or last part of a dotted
+    name (``os.fsencode`` in ``os``; ``HMAC.update`` in a page named ``update``)."""
+    return any(document in (n, n.split(".")[0], n.split(".")[-1]) for n in names)
+
+
+def match_features(cues: QuestionCues, chunk: Chunk) -> list[float]:
+    """How ``chunk``'s text matches what the question names (:data:`_MATCH`'s columns, then
+    :data:`SECTION_BUCKETS` hashed section-heading words). From the text alone — the file
+    name, the heading line ("lseek(2) › SYNOPSIS") and the body — so they mean the same on
+    any corpus the chunker cut, and never from the gold."""
+    heading, _, body = chunk.text.partition("\n")
+    title, _, section = heading.partition(HEADING_SEPARATOR)
+    title, section, lower = title.lower(), section.lower(), chunk.text.lower()
+    names = cues.names
+    buckets = [0.0] * SECTION_BUCKETS
+    for word in key_terms(section):
+        buckets[zlib.crc32(word.encode("utf-8")) % SECTION_BUCKETS] = 1.0
+    return [
+        float(_names_document(names, document_name(chunk.source))),
+        float(any(n in title for n in names)),
+        float(any(n in section for n in names)),
+        sum(1 for n in names if n in lower) / len(names) if names else 0.0,
+        min(1.0, sum(body.lower().count(n) for n in names) / 5),
+        float(any(c in chunk.text for c in cues.constants)),
+        float(any(p in lower for p in cues.phrases)),
+        float(any(v in chunk.text for v in cues.versions)),
+        overlap(cues.terms, section),
+        overlap(cues.terms, body),
+        *buckets,
+    ]
+
+
+def match_strength(c: Candidate) -> float:
+    """The mean of a candidate's name-match flags (the kept context's summary)."""
+    return sum(c.match[:_MATCH_FLAGS]) / _MATCH_FLAGS if c.match else 0.0
+
+
 OBSERVATION_FEATURES = observation_features(ContextEnvConfig().lookahead)
 """Column names with the default lookahead."""
 
@@ -432,7 +543,7 @@ def _rank_feature(c: Candidate, retriever: str, top_k: int) -> float:
 def candidate_features(c: Candidate | None, s: ContextState, cfg: ContextEnvConfig) -> list[float]:
     """The head's columns (zeros when the queue is empty)."""
     if c is None:
-        return [0.0] * len(_CANDIDATE)
+        return [0.0] * (len(_CANDIDATE) + len(_MATCH) + SECTION_BUCKETS)
     searches = max(len(s.searched), 1)
     kept_sources = {k.chunk.source for k in s.kept}
     return [
@@ -450,6 +561,7 @@ def candidate_features(c: Candidate | None, s: ContextState, cfg: ContextEnvConf
         float(s.tokens_kept + c.tokens <= cfg.budget_tokens),
         float(c.chunk.source in kept_sources),
         chunk_position(c.chunk),
+        *c.match,
     ]
 
 
@@ -482,6 +594,7 @@ def observe(s: ContextState, cfg: ContextEnvConfig) -> NDArray[np.float32]:
         max((max(k.title_overlap, k.body_overlap) for k in s.kept), default=0.0),
         min(1.0, len({k.chunk.source for k in s.kept}) / 5),
         float(head is not None),
+        max((match_strength(k) for k in s.kept), default=0.0),
         *s.question_features,
         *(float(pair in s.searched) for pair in ACTIONS.searches),
         *candidate_features(head, s, cfg),
@@ -537,6 +650,7 @@ class ContextEnv(gym.Env[NDArray[np.float32], np.int64]):
             terms=key_terms(question.question),
             idents=[i.lower() for i in identifiers(question.question)],
             question_features=question_features(question.question),
+            cues=question_cues(question.question),
             started=time.perf_counter(),
         )
         return observe(self._state, self.config), {"question_id": question.id}
@@ -679,6 +793,7 @@ def add_hits(s: ContextState, results: Sequence[Hit], retriever: str) -> int:
             c = Candidate(hit.chunk, tokens, first_seen=s.seen)
             s.seen += 1
             c.title_overlap = overlap(s.terms, title_of(hit.chunk))
+            c.match = match_features(s.cues, hit.chunk)
             s.queue[cid] = c
             fresh += 1
         # BM25 scores are unbounded: normalise by the search's best so features compare

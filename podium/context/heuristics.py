@@ -9,8 +9,9 @@ returned and what the agent has read — never from the gold. They are
   fusion) baseline (:data:`BASELINES`).
 * :class:`SelectivePolicy`: the hybrid searches plus an identifier search, then *read* each
   head and keep it only when it shares enough of the question's terms or names its
-  identifier, pruning the rest; the richer teacher for behaviour cloning (it uses the read,
-  prune and query-form actions the learned agent must learn to use).
+  identifier, pruning the rest; the richest heuristic (it uses the read, prune and
+  query-form actions), which ``podium train --env context`` clones when told to clone a
+  heuristic (by default it clones a teacher that sees the gold).
 
 :func:`run_episode` plays one question with any policy (the loop a benchmark and a
 behaviour-cloning data collector share).

@@ -1,11 +1,17 @@
 """``podium train --env context``: the learned Context-1 agent, through the same learning loop.
 
 1. **Behaviour cloning.** Every heuristic (:data:`~podium.context.heuristics.BASELINES` and
-   :class:`~podium.context.heuristics.SelectivePolicy`) plays the validation questions; the
-   one with the best answer-found rate is the teacher. It plays the training questions and an
-   actor-critic (:class:`~podium.rl.networks.ActorCritic` over the environment's observation,
-   invalid actions masked) is fitted to its actions (cross-entropy) and its returns (the
-   critic, so PPO starts with a sensible baseline).
+   :class:`~podium.context.heuristics.SelectivePolicy`) plays the validation questions (the
+   table's reference). The teacher is :class:`GoldTeacher` — it sees the gold: the hybrid's
+   searches and an identifier search, then keep what overlaps a gold span, prune the rest —
+   or, with ``teacher="heuristic"``, the best heuristic. It plays the training questions and
+   an actor-critic (:class:`~podium.rl.networks.ActorCritic` over the environment's
+   observation, invalid actions masked) is fitted to its actions (cross-entropy) and its
+   returns (the critic, so PPO starts with a sensible baseline). DAgger rounds follow: the
+   clone plays the training questions, the teacher labels every state it reaches, and the
+   clone is fitted again on all the labels — so it learns to recover from its own mistakes.
+   The clone never sees the gold, only the observation's features, which hold what lets it
+   tell an answering chunk from the rest (:func:`~podium.context.env.match_features`).
 2. **PPO through the services.** The cloned weights are the learner's version 0. Each
    iteration the actor plays ``episodes_per_iteration`` training questions with the served
    version (sampling) and publishes one ``Trajectory`` per episode (``env="context"``: the
@@ -46,13 +52,20 @@ from podium import rewards
 from podium.bus import Bus, EventConsumer, Record
 from podium.codec import unpack_as
 from podium.context.env import ACTIONS, ContextEnv
-from podium.context.heuristics import BASELINES, ContextPolicy, SelectivePolicy, run_episode
+from podium.context.heuristics import (
+    BASELINES,
+    ContextPolicy,
+    SelectivePolicy,
+    next_search,
+    run_episode,
+)
 from podium.context.learned import (
     ENV_ID,
     FEATURES_KEY,
     policy_observation,
 )
 from podium.context.questions import Question, load_questions
+from podium.context.scoring import hits
 from podium.errors import ConfigError, PodiumError
 from podium.policy.decisions import encode_mask, encode_observation
 from podium.policy.holder import PolicyHolder, build_actor_critic
@@ -69,10 +82,13 @@ MODEL_NAME = "context"
 """The learned agent's model name in the artifact repository and its announcements."""
 SPLITS = ("train", "validation", "held-out")
 """Question splits: trained on, selected on, reported."""
+TEACHERS = ("gold", "heuristic")
+"""What behaviour cloning can clone (:attr:`ContextTrainConfig.teacher`)."""
 
 Progress = Callable[[str, dict[str, float]], None]
-"""``progress(phase, figures)``: ``"bc"``, ``"ppo"`` (``iteration``, ``answer_found``,
-``reward``, ``val``, ``best``) and ``"eval"``."""
+"""``progress(phase, figures)``: ``"bc"`` (none at the start, ``dagger_round`` before each
+DAgger round, ``accuracy`` and ``teacher_val`` at the end), ``"ppo"`` (``iteration``,
+``answer_found``, ``reward``, ``val``, ``best``) and ``"eval"``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +112,13 @@ class ContextTrainConfig:
     """Passes over the teacher's demonstrations."""
     bc_learning_rate: float = 1e-3
     """Adam's learning rate while cloning."""
+    teacher: str = "gold"
+    """Who is cloned: ``"gold"`` (:class:`GoldTeacher`, which sees the gold: keep what
+    answers, prune the rest) or ``"heuristic"`` (the best heuristic on validation)."""
+    dagger_rounds: int = 2
+    """DAgger rounds after the first cloning (gold teacher only): the clone plays the
+    training questions, the teacher labels every state it reached, the clone is fitted
+    again on all the labels so far — so it learns what to do after its own mistakes."""
     eval_every: int = 2
     """Validate the greedy agent every this many iterations (and after the last)."""
     max_questions: int = 0
@@ -131,6 +154,10 @@ class ContextTrainConfig:
                 raise ConfigError(f"{flag} must be >= 1, got {getattr(self, name)}")
         if self.bc_epochs < 0 or self.max_questions < 0:
             raise ConfigError("--bc-epochs and --max-questions must be >= 0")
+        if self.teacher not in TEACHERS:
+            raise ConfigError(f"teacher {self.teacher!r} unknown (known: {', '.join(TEACHERS)})")
+        if self.dagger_rounds < 0:
+            raise ConfigError(f"dagger_rounds must be >= 0, got {self.dagger_rounds}")
         if not self.bus.startswith("inproc://"):
             # The services run as tasks of this process; on Kafka they would need their
             # topics made and groups positioned (as ProcessServices does): not yet.
@@ -207,10 +234,51 @@ class Demonstrations:
     returns: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class GoldTeacher:
+    """The teacher that sees the gold (training only: no benchmark plays it).
+
+    It makes the searches of ``plan`` (after the hybrid's two, an identifier search: a gold
+    chunk is then among the candidates for 98 % of the questions), then keeps every head that
+    overlaps a gold span and fits and prunes the rest, until the queue is empty — keeping each gold chunk, not just the first, hedges a two-hop question and teaches
+    the clone to keep the best matches rather than stop at one. It acts from any state — also
+    one the clone reached by its own mistakes (a wrong chunk kept, a search skipped) — which
+    is what DAgger asks of it. A clone of it can only be as good as the observation lets it
+    tell gold chunks from the rest: the observation's match columns
+    (:func:`~podium.context.env.match_features`).
+    """
+
+    name: str = "gold"
+    plan: tuple[tuple[str, str], ...] = (
+        ("bm25", "question"),
+        ("dense", "question"),
+        ("bm25", "identifier"),
+    )
+
+    def act(self, env: ContextEnv) -> int:
+        """Search the plan, then keep what answers and prune the rest."""
+        search = next_search(env, self.plan)
+        if search is not None:
+            return search
+        s = env.state
+        gold = s.question.gold
+        head = s.head()
+        if head is None:
+            return ACTIONS.finish
+        if hits(head.chunk, gold) and s.tokens_kept + head.tokens <= env.config.budget_tokens:
+            return ACTIONS.keep
+        return ACTIONS.prune
+
+
 def demonstrate(
-    env: ContextEnv, teacher: ContextPolicy, questions: Sequence[Question]
+    env: ContextEnv,
+    teacher: ContextPolicy,
+    questions: Sequence[Question],
+    driver: ContextPolicy | None = None,
 ) -> Demonstrations:
-    """Every decision ``teacher`` makes on ``questions``, with what it saw."""
+    """Every decision ``teacher`` makes on ``questions``, with what it saw. With a
+    ``driver`` (DAgger), the driver's actions are played and the teacher only labels the
+    states they lead to; the returns are then the driver's."""
     demos = Demonstrations()
     for q in questions:
         env.reset(options={"question": q})
@@ -220,11 +288,19 @@ def demonstrate(
             demos.masks.append(env.action_masks())
             action = teacher.act(env)
             demos.actions.append(action)
-            _, reward, terminated, truncated, _ = env.step(action)
+            played = action if driver is None else driver.act(env)
+            _, reward, terminated, truncated, _ = env.step(played)
             if terminated or truncated:
                 demos.returns += [float(reward)] * (len(demos.actions) - start)
                 break
     return demos
+
+
+def merge(a: Demonstrations, b: Demonstrations) -> Demonstrations:
+    """``a``'s decisions then ``b``'s (DAgger's growing data set)."""
+    return Demonstrations(
+        a.obs + b.obs, a.masks + b.masks, a.actions + b.actions, a.returns + b.returns
+    )
 
 
 def clone(
@@ -456,10 +532,12 @@ __all__ = [
     "SPLITS",
     "ContextTrainConfig",
     "Demonstrations",
+    "GoldTeacher",
     "clone",
     "demonstrate",
     "evaluate",
     "load_splits",
+    "merge",
     "play",
     "reward_config",
     "session",

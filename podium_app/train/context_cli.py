@@ -129,11 +129,14 @@ def context_config(args: argparse.Namespace) -> ContextTrainConfig:
 def bar_fields(phase: str, f: dict[str, float], iterations: int) -> dict[str, Any]:
     """The progress bar's fields for one event of the run."""
     if phase == "bc":
-        text = (
-            f"teacher val answer found {f['teacher_val']:.3f} · BC accuracy {f['accuracy']:.3f}"
-            if "accuracy" in f
-            else "choosing the teacher, collecting demonstrations"
-        )
+        if "accuracy" in f:
+            text = (
+                f"teacher val answer found {f['teacher_val']:.3f} · BC accuracy {f['accuracy']:.3f}"
+            )
+        elif "dagger_round" in f:
+            text = f"DAgger round {f['dagger_round']:.0f}: the clone plays, the teacher labels"
+        else:
+            text = "choosing the teacher, collecting demonstrations"
         return {"description": "behaviour cloning", "figures": text, "completed": 0}
     if phase == "ppo":
         val = "" if math.isnan(f["val"]) else f" · val {f['val']:.3f} (best {f['best']:.3f})"

@@ -35,7 +35,9 @@ from podium_app.train.actor import publish_trajectories
 from podium_app.train.context import (
     MODEL_NAME,
     ContextTrainConfig,
+    Demonstrations,
     Follower,
+    GoldTeacher,
     Progress,
     clone,
     demonstrate,
@@ -43,6 +45,7 @@ from podium_app.train.context import (
     heuristics,
     learner,
     load_splits,
+    merge,
     play,
     rank_key,
     reward_config,
@@ -125,23 +128,53 @@ def _open(cfg: ContextTrainConfig, say: Progress) -> _Run:
 
 
 def _cold_start(run: _Run) -> ActorCritic:
-    """The teacher (best heuristic on validation) and the network cloned from it."""
+    """The heuristics' validation scores, the teacher and the network cloned from it (then
+    refined by DAgger rounds when the teacher is the gold one)."""
     cfg = run.config
     run.say("bc", {})
     scores = {p.name: evaluate(run.env, p, run.splits["validation"]) for p in heuristics()}
     run.result.validation = scores
-    teacher: ContextPolicy = max(heuristics(), key=lambda p: rank_key(scores[p.name]))
+    teacher: ContextPolicy = (
+        GoldTeacher()
+        if cfg.teacher == "gold"
+        else max(heuristics(), key=lambda p: rank_key(scores[p.name]))
+    )
     run.result.teacher = teacher.name
     model = ActorCritic(len(run.env.features), ACTIONS.size, cfg.hidden_sizes)
     demos = demonstrate(run.env, teacher, run.splits["train"])
-    history = clone(model, demos, cfg.bc_epochs, cfg.bc_learning_rate, cfg.seed)
-    for h in history:
-        run.writer.add_scalar("bc/loss", h["bc_loss"], int(h["epoch"]))
-        run.writer.add_scalar("bc/accuracy", h["bc_accuracy"], int(h["epoch"]))
+    history = _fit(run, model, demos, 0)
+    rounds = cfg.dagger_rounds if cfg.teacher == "gold" else 0
+    for r in range(1, rounds + 1):
+        run.say("bc", {"dagger_round": float(r)})
+        student = LearnedPolicy(model.eval(), run.env.features)
+        demos = merge(demos, demonstrate(run.env, teacher, run.splits["train"], driver=student))
+        model.train()
+        history += _fit(run, model, demos, r)
     run.result.bc_history = history
     accuracy = history[-1]["bc_accuracy"] if history else math.nan
-    run.say("bc", {"accuracy": accuracy, "teacher_val": scores[teacher.name]["answer_found"]})
+    run.say("bc", {"accuracy": accuracy, "teacher_val": _teacher_val(run, teacher, scores)})
     return model
+
+
+def _fit(
+    run: _Run, model: ActorCritic, demos: Demonstrations, round_: int
+) -> list[dict[str, float]]:
+    """One cloning pass over ``demos`` (DAgger round ``round_``), logged."""
+    cfg = run.config
+    history = clone(model, demos, cfg.bc_epochs, cfg.bc_learning_rate, cfg.seed + round_)
+    offset = round_ * cfg.bc_epochs
+    for h in history:
+        h["round"] = float(round_)
+        run.writer.add_scalar("bc/loss", h["bc_loss"], offset + int(h["epoch"]))
+        run.writer.add_scalar("bc/accuracy", h["bc_accuracy"], offset + int(h["epoch"]))
+    return history
+
+
+def _teacher_val(run: _Run, teacher: ContextPolicy, scores: dict[str, dict[str, float]]) -> float:
+    """The teacher's validation answer-found rate (the gold teacher's measured here)."""
+    if teacher.name not in scores:
+        scores[teacher.name] = evaluate(run.env, teacher, run.splits["validation"])
+    return scores[teacher.name]["answer_found"]
 
 
 def _validate(

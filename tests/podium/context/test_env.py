@@ -15,13 +15,17 @@ from podium.context.corpus import Chunk
 from podium.context.env import (
     ACTIONS,
     QUESTION_BUCKETS,
+    SECTION_BUCKETS,
     CachedIndex,
     ContextEnv,
     ContextEnvConfig,
     chunk_position,
+    document_name,
     identifiers,
     key_terms,
     make_query,
+    match_features,
+    question_cues,
     question_features,
 )
 from podium.context.generate import all_questions, generate
@@ -90,6 +94,92 @@ def test_question_features_tell_question_types_apart() -> None:
     assert question_features("Which header declares lseek()?") == header  # stable
     chunk = Chunk(id="man2/lseek.2.gz#2", source="man2/lseek.2.gz", start=0, end=1, text="x")
     assert chunk_position(chunk) == 2 / 32
+
+
+def test_question_cues_split_what_a_question_names() -> None:
+    errno = question_cues("What does the error ENOMEM mean for epoll_create(2)?")
+    assert (errno.names, errno.constants, errno.phrases) == (("epoll_create",), ("ENOMEM",), ())
+    seealso = question_cues("Which page listed under SEE ALSO in read(2) is about 'read from fd'?")
+    assert (seealso.names, seealso.phrases) == (("read",), ("read from fd",))
+    version = question_cues("What changed in bytes.decode() in Python 3.9?")
+    assert (version.names, version.versions) == (("bytes.decode",), ("3.9",))
+    assert question_cues("Why are Python strings immutable?").names == ()
+
+
+def test_document_names_drop_directory_compression_and_extension() -> None:
+    assert document_name("man2/lseek.2.gz") == "lseek"
+    assert document_name("library/os.rst.txt") == "os"
+    assert document_name("guide/Setup.md") == "setup"
+    assert document_name("README") == "readme"
+
+
+def _chunk(source: str, text: str) -> Chunk:
+    return Chunk(id=f"{source}#3", source=source, start=0, end=len(text), text=text)
+
+
+def test_match_features_tell_the_answering_chunk_from_its_neighbours() -> None:
+    """The errno item of the page the question names matches on every cue; the same page's
+    other sections and another page's ERRORS do not."""
+    cues = question_cues("What does the error ENOMEM mean for epoll_create(2)?")
+    names = "doc_names_identifier", "title_names_identifier", "names_constant"
+    column = {
+        n: i
+        for i, n in enumerate(
+            (
+                "doc_names_identifier",
+                "title_names_identifier",
+                "section_names_identifier",
+                "identifiers_in_text",
+                "identifier_count",
+                "names_constant",
+                "quotes_phrase",
+                "names_version",
+                "section_overlap",
+                "text_overlap",
+            )
+        )
+    }
+    gold = match_features(
+        cues, _chunk("man2/epoll_create.2.gz", "epoll_create(2) › ERRORS\nENOMEM No memory.")
+    )
+    same_page = match_features(
+        cues, _chunk("man2/epoll_create.2.gz", "epoll_create(2) › NAME\nepoll_create - open")
+    )
+    other = match_features(cues, _chunk("man2/mmap.2.gz", "mmap(2) › ERRORS\nENOMEM No memory."))
+    assert len(gold) == len(column) + SECTION_BUCKETS
+    assert all(gold[column[n]] == 1.0 for n in names)
+    assert same_page[column["names_constant"]] == 0.0
+    assert other[column["doc_names_identifier"]] == other[column["title_names_identifier"]] == 0
+    assert other[column["names_constant"]] == 1.0
+    # The section heading's words land in buckets: ERRORS and NAME differ, ERRORS is ERRORS.
+    assert gold[len(column) :] == other[len(column) :] != same_page[len(column) :]
+    phrase = question_cues("Which page listed under SEE ALSO in lseek(2) is about 'open a file'?")
+    hit = match_features(phrase, _chunk("man2/open.2.gz", "open(2) › NAME\nopen - open a file"))
+    assert hit[column["quotes_phrase"]] == 1.0
+    version = question_cues("What changed in os.fsencode() in Python 3.6?")
+    text = "os --- Miscellaneous › Files\nos.fsencode(f) Changed in version 3.6."
+    found = match_features(version, _chunk("library/os.rst.txt", text))
+    assert found[column["doc_names_identifier"]] == found[column["names_version"]] == 1.0
+
+
+def test_the_observation_shows_the_heads_match(env: ContextEnv, questions: list[Question]) -> None:
+    q = by_text(questions, "What does the error EACCES mean for open(2)?")
+    obs, _ = env.reset(options={"question": q})
+    assert obs[env.features.index("head:doc_names_identifier")] == 0.0  # nothing queued yet
+    obs = env.step(BM25_Q)[0]
+    head = env.state.head()
+    assert head is not None and head.match
+    assert obs[env.features.index("head:doc_names_identifier")] == float(
+        head.chunk.source.startswith("man2/open.")
+    )
+    while "EACCES" not in head.chunk.text:
+        obs = env.step(ACTIONS.prune)[0]
+        head = env.state.head()
+        assert head is not None, "BM25 returned no chunk naming EACCES"
+    assert obs[env.features.index("head:names_constant")] == 1.0
+    assert obs[env.features.index("kept_best_match")] == 0.0
+    obs = env.step(ACTIONS.keep)[0]
+    assert obs[env.features.index("kept_best_match")] > 0.0
 
 
 def test_passes_gymnasiums_checker(env: ContextEnv) -> None:
