@@ -188,6 +188,7 @@ class OrchestratorApp:
             producer=self.instance,
             result_timeout_s=config.session_timeout_s,
             max_decisions=config.max_decisions,
+            assignment_partitions=config.topic_partitions,
         )
         self.shell = ServiceShell(SERVICE, shutdown_timeout_s=config.shutdown_timeout_s)
         """Runs the consumers and stops them within one deadline (:mod:`podium.service`)."""

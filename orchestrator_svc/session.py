@@ -57,6 +57,7 @@ from orchestrator_svc.review import (
 )
 from podium import topics
 from podium.bus.consumer import EventPublisher
+from podium.bus.inproc import key_on_partition
 from podium.envs.swarm import FINISH, START, WAIT, EnvConfig, PolicyStep, SwarmEnv
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.simulator import SwarmSimulator
@@ -249,6 +250,12 @@ class SessionSettings:
     record_tensors: bool = False
     """Put observation tensors and masks into the decisions of rule-engine sessions too
     (behaviour cloning from live traffic); learned sessions always carry them."""
+    assignment_partitions: int = 0
+    """Partitions of the assignment topic (the orchestrator creates it with this many): a
+    session keys each assignment so that its running executions land on the least used of
+    them, hence on different sub-agent workers (Kafka's partitioner hashing execution ids
+    would put several on one worker, which runs them one after another while others idle).
+    0: keyed by the execution id alone."""
 
 
 def session_env(
@@ -349,6 +356,8 @@ class Session:
         self.peak_parallel = 0
         self.end_reason = ""
         self._arrived = asyncio.Condition()
+        self._partition_of: dict[int, int] = {}
+        """Running executions' assignment partitions (:meth:`_assignment_key`)."""
 
     # ----------------------------------------------------------------- ids
 
@@ -639,12 +648,14 @@ class Session:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.result_timeout_s
         delay = 0.1
+        # Chosen once: a retry goes to the same partition, where its member dedupes it.
+        key = self._assignment_key(assigned.execution_id)
         while True:
             try:
                 await self.publisher.publish(
                     topics.SUBTASKS_ASSIGNED,
                     assigned,
-                    key=assigned.execution_id,
+                    key=key,
                     idempotency_key=assigned.execution_id,
                     # Stable: a retry after an unconfirmed send is the same event to dedupe.
                     event_id=f"assigned:{assigned.execution_id}",
@@ -657,6 +668,26 @@ class Session:
                     ) from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def _assignment_key(self, execution_id: str) -> str:
+        """The record key of an assignment: its execution id, suffixed so that it lands on
+        the partition fewest of this session's running executions are on (the session's
+        own rotation breaks ties, so sessions start on different partitions); see
+        :attr:`SessionSettings.assignment_partitions`."""
+        partitions = self.settings.assignment_partitions
+        if partitions <= 1:
+            return execution_id
+        running = self.sim.state.running
+        self._partition_of = {e: p for e, p in self._partition_of.items() if e in running}
+        load = [0] * partitions
+        for partition in self._partition_of.values():
+            load[partition] += 1
+        rotation = self.seed % partitions
+        target = min(range(partitions), key=lambda p: (load[p], (p - rotation) % partitions))
+        number = self.execution_number(execution_id)
+        if number is not None:
+            self._partition_of[number] = target
+        return key_on_partition(execution_id, target, partitions)
 
     # ----------------------------------------------------------------- output
 

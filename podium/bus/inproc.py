@@ -92,6 +92,22 @@ def partition_for_key(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
+def key_on_partition(base: str, partition: int, partitions: int) -> str:
+    """``base``, or ``base#n`` with the smallest ``n`` that makes Kafka's default partitioner
+    put the record on ``partition`` of ``partitions``: a producer that wants records spread
+    over distinct partitions (hence distinct members of a consumer group) keys them so.
+    About ``partitions`` hashes; gives ``base`` itself if none of 64 × ``partitions`` lands."""
+    if not 0 <= partition < partitions:
+        raise ConfigError(f"partition {partition} is not one of {partitions}")
+    if partition_for_key(base.encode("utf-8"), partitions) == partition:
+        return base
+    for n in range(64 * partitions):
+        key = f"{base}#{n}"
+        if partition_for_key(key.encode("utf-8"), partitions) == partition:
+            return key
+    return base
+
+
 def key_bytes(key: bytes | str | None) -> bytes | None:
     """Normalise a record key: strings are UTF-8 encoded, as every Kafka client does."""
     if key is None or isinstance(key, bytes):
@@ -160,9 +176,29 @@ class InProcBus(Bus):
         return self._changed
 
     async def _notify(self) -> None:
+        """Membership changed (a join or leave): wake every waiting fetch and rebalance to
+        look again."""
+        await self._wake_rebalances()
+        for group in self._groups.values():
+            for member in group.members:
+                member._wake.set()
+
+    async def _wake_rebalances(self) -> None:
+        """A commit or rewind: wake the rebalances waiting for held records (a fetch does not
+        wait on other members' commits, so none is woken)."""
         cond = self._condition()
         async with cond:
             cond.notify_all()
+
+    def _wake_owners(self, topic: str, partition: int) -> None:
+        """A record landed on ``(topic, partition)``: wake only the members that own it (one
+        per group), not every fetch on the bus (a swarm's dozens of members would each wake
+        for every record)."""
+        tp = (topic, partition)
+        for group in self._groups.values():
+            for member in group.members:
+                if tp in member._assigned:
+                    member._wake.set()
 
     # -- topics -------------------------------------------------------------------------------
 
@@ -220,7 +256,7 @@ class InProcBus(Bus):
     ) -> RecordMetadata:
         self._check_started()
         metadata = self._append(topic, value, key, headers)
-        await self._notify()
+        self._wake_owners(topic, metadata.partition)
         return metadata
 
     def _append(
@@ -390,6 +426,9 @@ class InProcSubscriber(Subscriber):
         self._hooks: InProcTransactionalMember | None = None
         """The transactional member this subscriber belongs to, if any (claims partitions in
         :meth:`_assign`, runs the rebalance callbacks)."""
+        self._wake = asyncio.Event()
+        """Set when a record lands on an owned partition or anything changes (the bus's
+        ``_notify``); a waiting :meth:`fetch` then looks again."""
 
     def _pending(self, tps: frozenset[TopicPartition], group: _Group) -> bool:
         """Whether records of ``tps`` were handed out but not committed yet."""
@@ -468,15 +507,15 @@ class InProcSubscriber(Subscriber):
             raise ConfigError(f"max_records must be >= 1, got {max_records}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_s, 0.0)
-        cond = self.bus._condition()
         while True:
+            # Cleared before looking: a record landing after the look sets it again.
+            self._wake.clear()
             records = self._take(max_records)
             remaining = deadline - loop.time()
             if records or remaining <= 0 or not self._joined:
                 return records
-            async with cond:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(cond.wait(), remaining)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), remaining)
 
     async def commit(self, records: Sequence[Record] | None = None) -> None:
         if not self._joined:
@@ -490,7 +529,7 @@ class InProcSubscriber(Subscriber):
             _log.info("%s: not committing revoked partitions %s", self.member_id, lost)
         self.bus._commit(self, owned)
         # A rebalance may be waiting for this commit.
-        await self.bus._notify()
+        await self.bus._wake_rebalances()
 
     async def rewind(self, records: Sequence[Record]) -> None:
         for tp, first in first_offsets(records).items():
@@ -498,7 +537,7 @@ class InProcSubscriber(Subscriber):
                 self._position[tp] = first
                 self._fetched.pop(tp, None)  # nothing of it is held any more
         # A rebalance may be waiting for these records: they are no longer held.
-        await self.bus._notify()
+        await self.bus._wake_rebalances()
 
 
 def check_value(value: object) -> None:
@@ -678,11 +717,13 @@ class InProcPartitionTransaction(PartitionTransaction):
                 "transaction per partition"
             )
         # From here to the offset, no await: the outputs and the offset land together.
-        for topic, value, key, headers in pending:
-            self.member.bus._append(topic, value, key, headers)
-        self.member.bus._commit(self.member.member, offsets)
+        bus = self.member.bus
+        landed = [bus._append(topic, value, key, headers) for topic, value, key, headers in pending]
+        bus._commit(self.member.member, offsets)
         self._close()
-        await self.member.bus._notify()
+        for metadata in landed:
+            bus._wake_owners(metadata.topic, metadata.partition)
+        await bus._wake_rebalances()
 
     async def abort(self) -> None:
         self._close()

@@ -221,18 +221,29 @@ class ContextIndex:
 
     def dense(self, query: str, k: int) -> list[Hit]:
         """The ``k`` nearest chunks by cosine similarity of all-MiniLM-L6-v2 embeddings."""
+        return self.dense_many([query], k)[0]
+
+    def dense_many(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        """:meth:`dense` of several queries at once, the same hits as one by one: one
+        embedding call and one Chroma query for all of them (a query embedded alone costs
+        about twice its share of a batch of four)."""
         _check_k(k)
-        if not self._chunks:
-            return []
-        vector = embed([query], threads=self._embedding.query_threads)[0]
+        if not self._chunks or not queries:
+            return [[] for _ in queries]
+        vectors = embed(list(queries), threads=self._embedding.query_threads)
         with self._chroma_errors():
             result = self._vectors().query(
-                query_embeddings=[vector.tolist()],
+                query_embeddings=[vector.tolist() for vector in vectors],
                 n_results=min(k, len(self._chunks)),
                 include=["distances"],
             )
-        ids = result["ids"][0]
-        distances = (result["distances"] or [[]])[0]
+        distances = result["distances"] or [[] for _ in queries]
+        return [
+            self._dense_hits(ids, dist) for ids, dist in zip(result["ids"], distances, strict=True)
+        ]
+
+    def _dense_hits(self, ids: Sequence[str], distances: Sequence[float]) -> list[Hit]:
+        """One query's Chroma answer as hits, ties broken by index order (deterministic)."""
         order = sorted(
             zip(ids, distances, strict=True), key=lambda pair: (pair[1], self._by_id[pair[0]])
         )

@@ -309,6 +309,70 @@ class WorkerPool:
         self._live.discard(worker)
 
 
+class Batcher:
+    """Calls to a :class:`WorkerPool` whose ``handle`` takes a list of requests and answers
+    a list of replies, in order: calls that arrive while every worker is busy wait together
+    and go to the next free worker as one request.
+
+    Why: some work is much cheaper per item in a batch (embedding four queries at once costs
+    about half as much CPU a query as one at a time), and on a busy pool the calls waiting
+    anyway can share a batch for free. An idle pool sends a lone call at once, alone. Each
+    free worker takes its share of what waits (``ceil(waiting / processes)``, at most
+    ``most``), so the waiting calls spread over all workers rather than queue behind one.
+    A failed batch (a dead worker, an error of ``handle``) fails every call in it with that
+    error; a call cancelled while it waits is dropped from its batch's replies."""
+
+    def __init__(self, pool: WorkerPool, most: int = 8) -> None:
+        if most < 1:
+            raise ValueError(f"a batch holds at least 1 call, got {most}")
+        self._pool = pool
+        self._most = most
+        self._waiting: list[tuple[Any, asyncio.Future[Any]]] = []
+        self._senders = 0
+        """Senders running; counted down by the sender itself as it ends, so a call arriving
+        just after one ended (its task not yet reaped) starts another."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.largest = 0
+        """The most calls sent in one batch so far."""
+
+    async def call(self, request: Any) -> Any:
+        """The reply to ``request``, answered alone or in a batch with other waiting calls."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append((request, future))
+        if self._senders < self._pool.processes:
+            self._senders += 1
+            sender = asyncio.create_task(self._send())
+            self._tasks.add(sender)  # a reference, so the task is not collected mid-send
+            sender.add_done_callback(self._tasks.discard)
+        return await future
+
+    async def _send(self) -> None:
+        """Send what waits, a share at a time, until nothing does (one per busy worker)."""
+        try:
+            await self._send_waiting()
+        finally:
+            self._senders -= 1
+
+    async def _send_waiting(self) -> None:
+        while self._waiting:
+            share = min(self._most, -(-len(self._waiting) // self._pool.processes))
+            batch, self._waiting = self._waiting[:share], self._waiting[share:]
+            self.largest = max(self.largest, len(batch))
+            try:
+                replies = await self._pool.call([request for request, _ in batch])
+            except BaseException as exc:
+                cancelled = isinstance(exc, asyncio.CancelledError)
+                for _, future in batch:
+                    if not future.done():
+                        future.cancel() if cancelled else future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for (_, future), reply in zip(batch, replies, strict=True):
+                if not future.done():
+                    future.set_result(reply)
+
+
 def _reap(workers: Sequence[_Worker]) -> None:
     """Wait for closing workers to exit; terminate (then kill) any that do not in time."""
     for worker in workers:

@@ -20,7 +20,9 @@ Their options (the agent's ``options:`` in the pool spec):
     in threads). ``N`` keeps a pool of N spawned workers (:mod:`podium.context.procpool`),
     each with the index open once and torch on one thread, so searches run on N cores
     instead of taking turns under the GIL; ``auto``: one per CPU this process may use, at
-    most 8.
+    most 8. Searches that arrive while every worker is busy go to the next free one
+    together (:class:`~podium.context.procpool.Batcher`): a dense worker embeds them in one
+    call, about half the CPU a query of embedding them one by one.
 
 Outputs are JSON, so a dependent (a merge step, the Context-1 agent) reads them without
 guessing: a search answers ``{"retriever", "query", "hits": [{"id", "source", "start", "end",
@@ -49,7 +51,7 @@ from typing import Any
 
 from podium.context.corpus import Chunk
 from podium.context.index import ContextIndex, Hit
-from podium.context.procpool import WorkerPool, resolve_processes
+from podium.context.procpool import Batcher, WorkerPool, resolve_processes
 from podium.errors import CorpusError, IndexUnavailable, PluginError
 from podium.subagents.plugin import ExecutionReport, ExecutionRequest, ToolCallRecord
 from podium.tokens import count_tokens
@@ -110,11 +112,20 @@ def worker_setup(path: str, chroma_url: str | None, retriever: str) -> tuple[Con
     return index, retriever
 
 
-def worker_search(state: tuple[ContextIndex, str], request: tuple[str, int]) -> dict[str, Any]:
-    """One search in a worker process: ``request`` is ``(query, k)``."""
+def worker_search(
+    state: tuple[ContextIndex, str], requests: list[tuple[str, int]]
+) -> list[dict[str, Any]]:
+    """Searches in a worker process, each request ``(query, k)``; dense queries of the same
+    ``k`` are embedded together (:meth:`ContextIndex.dense_many`)."""
     index, retriever = state
-    query, k = request
-    return search_result(index, retriever, query, k)
+    if retriever != "dense" or len({k for _, k in requests}) != 1:
+        return [search_result(index, retriever, query, k) for query, k in requests]
+    k = requests[0][1]
+    queries = [query for query, _ in requests]
+    return [
+        {"retriever": retriever, "query": query, "hits": [hit_json(hit) for hit in hits]}
+        for query, hits in zip(queries, index.dense_many(queries, k), strict=True)
+    ]
 
 
 class _IndexAgent:
@@ -155,11 +166,18 @@ class SearchAgent(_IndexAgent):
         self._retriever = retriever
         self._k = k
         self._workers: WorkerPool | None = None
+        self._batcher: Batcher | None = None
         if processes > 0:
             setup = partial(worker_setup, str(index.path), index.chroma_url, retriever)
             self._workers = WorkerPool(
                 f"{retriever}-search", processes, setup, worker_search, _FAILURES
             )
+            self._batcher = Batcher(self._workers)
+
+    @property
+    def largest_batch(self) -> int:
+        """The most searches sent to a worker together so far (0 in-process)."""
+        return 0 if self._batcher is None else self._batcher.largest
 
     @property
     def worker_pids(self) -> tuple[int, ...]:
@@ -174,8 +192,8 @@ class SearchAgent(_IndexAgent):
         async def work() -> dict[str, Any]:
             if not query:
                 raise ValueError(f"{request.subtask_id}: the description (the query) is empty")
-            if self._workers is not None:
-                reply: dict[str, Any] = await self._workers.call((query, self._k))
+            if self._batcher is not None:
+                reply: dict[str, Any] = await self._batcher.call((query, self._k))
                 return reply
             return await asyncio.to_thread(
                 search_result, self._index, self._retriever, query, self._k

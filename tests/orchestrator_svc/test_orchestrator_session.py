@@ -264,3 +264,49 @@ async def test_invalid_task_on_the_topic_is_dead_lettered_and_intake_goes_on(
     error = (record.header(DLQ_ERROR) or b"").decode()
     assert "session bad-1: invalid task (a)" in error and "work must be > 0" in error
     await dlq.stop()
+
+
+PLUGIN_POOL = """
+name: digests
+agents:
+  - name: digest
+    kinds: {search: {speed: 1.0, success: 1.0, noise: 0.0}}
+    runner: plugin
+    plugin: context-digest
+"""
+THREE_SEARCHES = "name: three\nsubtasks:\n" + "".join(
+    f"  - {{id: s{i}, kind: search, work: 1.0, description: query {i}}}\n" for i in range(3)
+)
+
+
+async def test_real_agents_start_at_once_on_different_partitions(
+    inproc_bus: InProcBus, stack_factory: Callable[..., Any], tmp_path: Path
+) -> None:
+    # No simulated agent: the session decides as results arrive, so with no worker to
+    # answer, cpls still starts the three searches of each session; each session's land on
+    # three different partitions (workers of the group), where hashing the execution ids
+    # alone would often put two on one (all three sessions spread by chance: 1%).
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(PLUGIN_POOL)
+    reader = inproc_bus.subscriber([topics.SUBTASKS_ASSIGNED], "test.assigned-reader")
+    await reader.start()
+    async with stack_factory(
+        inproc_bus, workers=0, session_timeout_s=2.0, pool_spec=str(pool)
+    ) as stack:
+        assert stack.orchestrator.config.topic_partitions == 3
+        for seed in (1, 2, 3):
+            request = ss.SubmitTaskRequest(task_spec_text=THREE_SEARCHES, seed=seed)
+            await stack.stub.SubmitTask(request, timeout=5)
+        records = []
+        for _ in range(50):
+            records += await reader.fetch(timeout_s=0.1)
+            if len(records) >= 9:
+                break
+    await reader.stop()
+    sessions: dict[str, set[int]] = {}
+    for record in records:
+        a = codec.decode_event(record.value, subtask_pb2.SubtaskAssigned)[1]
+        assert (record.key or b"").decode().split("#")[0] == a.execution_id
+        sessions.setdefault(a.session_id, set()).add(record.partition)
+    assert len(records) == 9 and len(sessions) == 3
+    assert all(len(partitions) == 3 for partitions in sessions.values()), sessions

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from podium.envs.swarm.actions import FINISH, START, WAIT
@@ -133,6 +134,12 @@ def task_from_proto(msg: task_pb2.TaskSpec) -> TaskSpec:
     return parse_task(data, source=f"TaskSpec {msg.name!r}")
 
 
+_output_tokens = lru_cache(maxsize=1024)(count_tokens)
+"""A dependency's output is counted once, not again for every dependent and for the
+trajectory (a merge after 16 searches reads all 16: counting was a sixth of a session's
+CPU on the wide-search tasks)."""
+
+
 def execution_context(
     state: SwarmState, unit: int, deps: Sequence[int]
 ) -> subtask_pb2.ExecutionContext:
@@ -154,7 +161,7 @@ def execution_context(
     ]
     # What the sub-agent reads, counted as every token budget in Podium is counted.
     tokens = count_tokens(spec.description) + count_tokens(spec.id)
-    tokens += sum(count_tokens(r.output) + count_tokens(r.subtask_id) for r in results)
+    tokens += sum(_output_tokens(r.output) + count_tokens(r.subtask_id) for r in results)
     return subtask_pb2.ExecutionContext(
         subtask=spec, dependency_results=results, context_tokens=max(1, tokens)
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from podium.context.procpool import WorkerPool, resolve_processes
+from podium.context.procpool import Batcher, WorkerPool, resolve_processes
 from podium.errors import WorkerError
 
 
@@ -142,3 +142,31 @@ def test_processes_option_values() -> None:
             resolve_processes(bad)
     with pytest.raises(ValueError, match="at least 1 process"):
         pool(processes=0)
+
+
+async def test_calls_waiting_for_a_busy_pool_go_to_the_next_worker_together() -> None:
+    # State 1 and operator.mul: a worker answers a list of requests with the same list.
+    workers = WorkerPool("echo", 2, partial(int, "1"), operator.mul)
+    batcher = Batcher(workers)
+    try:
+        assert await batcher.call("alone") == "alone" and batcher.largest == 1
+        # One after another, each the moment the previous answered: each is sent alone.
+        assert [await batcher.call(n) for n in range(3)] == [0, 1, 2] and batcher.largest == 1
+        replies = await asyncio.gather(*(batcher.call(n) for n in range(7)))
+        assert list(replies) == list(range(7))  # each call gets its own reply, in order
+        # Seven waiting for two workers: each worker takes its share, at most ceil(7 / 2).
+        assert batcher.largest == 4
+    finally:
+        await workers.close()
+
+
+async def test_a_failed_batch_fails_every_call_in_it_with_the_error() -> None:
+    workers = WorkerPool("divide", 1, partial(int, "6"), operator.truediv, (TypeError,))
+    batcher = Batcher(workers)
+    try:
+        results = await asyncio.gather(*(batcher.call(n) for n in range(3)), return_exceptions=True)
+        assert all(isinstance(r, TypeError) and "unsupported operand" in str(r) for r in results)
+    finally:
+        await workers.close()
+    with pytest.raises(ValueError, match="at least 1 call"):
+        Batcher(workers, most=0)

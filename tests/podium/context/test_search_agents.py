@@ -180,6 +180,32 @@ async def test_a_search_in_a_worker_process_finds_what_one_in_process_finds(
     assert reaped((pid,))
 
 
+async def test_dense_searches_waiting_for_a_worker_are_embedded_together_with_the_same_hits(
+    index: ContextIndex,
+) -> None:
+    queries = ["signal mask", "rollback", "string length", "Kafka consumer group", "sigprocmask"]
+    here, there = (
+        agent("dense-search", index, k="4"),
+        searcher_in_processes("dense-search", index, "1"),
+    )
+    try:
+        local = [json.loads((await here.execute(request(q))).output) for q in queries]
+        reports = await asyncio.gather(
+            *(there.execute(request(q, f"q{i}")) for i, q in enumerate(queries))
+        )
+        assert isinstance(there, SearchAgent) and there.largest_batch >= 2
+    finally:
+        await here.close()
+        await there.close()
+    for mine, report in zip(local, reports, strict=True):
+        theirs = json.loads(report.output)
+        assert theirs["query"] == mine["query"]
+        assert [h["id"] for h in theirs["hits"]] == [h["id"] for h in mine["hits"]]
+        assert [h["score"] for h in theirs["hits"]] == pytest.approx(
+            [h["score"] for h in mine["hits"]], abs=1e-5
+        )
+
+
 async def test_a_killed_search_worker_is_a_clear_retriable_error_and_the_next_search_works(
     index: ContextIndex,
 ) -> None:
