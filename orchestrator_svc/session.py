@@ -624,11 +624,11 @@ class Session:
                 seed=self.sim.seeds[rec.id],
             )
             self.assigned[rec.id] = assigned
-            # Keyed by execution id, not by session (one session's parallel executions must
+            # Keyed per execution, not by session (one session's parallel executions must
             # spread over the worker group) nor by agent kind (a handful of agent names hash
             # onto few partitions and leave workers idle; per-kind worker pools would use
-            # per-kind topics instead).
-            await self._publish_assignment(assigned)
+            # per-kind topics instead): see _assignment_key.
+            await self._publish_assignment(assigned, self._assignment_key(rec.id))
             await self.handle.emit(
                 subagent_started=ss_pb2.SubagentStarted(
                     execution_id=assigned.execution_id,
@@ -642,14 +642,14 @@ class Session:
                 f"(attempt {rec.attempt}, context: {len(deps)} dependency outputs)"
             )
 
-    async def _publish_assignment(self, assigned: subtask_pb2.SubtaskAssigned) -> None:
+    async def _publish_assignment(self, assigned: subtask_pb2.SubtaskAssigned, key: str) -> None:
         """Publish ``assigned``, retrying transient broker errors for up to the result
         timeout (a broker stall delays the session rather than failing it)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.result_timeout_s
         delay = 0.1
-        # Chosen once: a retry goes to the same partition, where its member dedupes it.
-        key = self._assignment_key(assigned.execution_id)
+        # ``key`` is chosen once: a retry goes to the same partition, where its member
+        # dedupes it.
         while True:
             try:
                 await self.publisher.publish(
@@ -669,11 +669,12 @@ class Session:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    def _assignment_key(self, execution_id: str) -> str:
+    def _assignment_key(self, execution: int) -> str:
         """The record key of an assignment: its execution id, suffixed so that it lands on
         the partition fewest of this session's running executions are on (the session's
         own rotation breaks ties, so sessions start on different partitions); see
         :attr:`SessionSettings.assignment_partitions`."""
+        execution_id = self.execution_id(execution)
         partitions = self.settings.assignment_partitions
         if partitions <= 1:
             return execution_id
@@ -684,9 +685,7 @@ class Session:
             load[partition] += 1
         rotation = self.seed % partitions
         target = min(range(partitions), key=lambda p: (load[p], (p - rotation) % partitions))
-        number = self.execution_number(execution_id)
-        if number is not None:
-            self._partition_of[number] = target
+        self._partition_of[execution] = target
         return key_on_partition(execution_id, target, partitions)
 
     # ----------------------------------------------------------------- output

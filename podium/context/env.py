@@ -383,7 +383,7 @@ _CANDIDATE = (
     "same_source_as_kept",
     "position",
 )
-_MATCH = (
+MATCH_FEATURES = (
     "doc_names_identifier",
     "title_names_identifier",
     "section_names_identifier",
@@ -395,9 +395,10 @@ _MATCH = (
     "section_overlap",
     "text_overlap",
 )
+"""Names of :func:`match_features`' columns, in order (the hashed section buckets follow)."""
 _MATCH_FLAGS = 8
-"""The first columns of :data:`_MATCH` that say whether the chunk names what the question
-names (their mean is a chunk's ``kept_best_match``)."""
+"""The first columns of :data:`MATCH_FEATURES` that say whether the chunk names what the
+question names (their mean is a chunk's ``kept_best_match``)."""
 SECTION_BUCKETS = 8
 """Hashed buckets of a chunk's section-heading words ("ERRORS", "SYNOPSIS", "SEE ALSO" ...):
 with the question's term buckets, what lets a policy learn which part of a page answers
@@ -416,7 +417,7 @@ def observation_features(lookahead: int) -> tuple[str, ...]:
     question = tuple(f"question:{n}" for n in _QUESTION)
     buckets = tuple(f"question:term{i}" for i in range(QUESTION_BUCKETS))
     searched = tuple(f"searched:{r}:{f}" for r, f in ACTIONS.searches)
-    head = tuple(f"head:{n}" for n in _CANDIDATE + _MATCH)
+    head = tuple(f"head:{n}" for n in _CANDIDATE + MATCH_FEATURES)
     head += tuple(f"head:section{i}" for i in range(SECTION_BUCKETS))
     ahead = tuple(f"next{i}:{n}" for i in range(lookahead) for n in _LOOKAHEAD)
     return _GLOBAL + question + buckets + searched + head + ahead
@@ -499,7 +500,7 @@ def _names_document(names: Sequence[str], document: str) -> bool:
 
 
 def match_features(cues: QuestionCues, chunk: Chunk) -> list[float]:
-    """How ``chunk``'s text matches what the question names (:data:`_MATCH`'s columns, then
+    """How ``chunk``'s text matches what the question names (:data:`MATCH_FEATURES`'s columns, then
     :data:`SECTION_BUCKETS` hashed section-heading words). From the text alone — the file
     name, the heading line ("lseek(2) › SYNOPSIS") and the body — so they mean the same on
     any corpus the chunker cut, and never from the gold."""
@@ -543,7 +544,7 @@ def _rank_feature(c: Candidate, retriever: str, top_k: int) -> float:
 def candidate_features(c: Candidate | None, s: ContextState, cfg: ContextEnvConfig) -> list[float]:
     """The head's columns (zeros when the queue is empty)."""
     if c is None:
-        return [0.0] * (len(_CANDIDATE) + len(_MATCH) + SECTION_BUCKETS)
+        return [0.0] * (len(_CANDIDATE) + len(MATCH_FEATURES) + SECTION_BUCKETS)
     searches = max(len(s.searched), 1)
     kept_sources = {k.chunk.source for k in s.kept}
     return [

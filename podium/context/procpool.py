@@ -300,12 +300,7 @@ class WorkerPool:
     def _stop(self, worker: _Worker) -> None:
         """End one worker now (its pipe closed, then terminated) and reap it."""
         worker.conn.close()
-        if worker.process.is_alive():
-            worker.process.terminate()
-        worker.process.join(_STOP_WAIT_S)
-        if worker.process.is_alive():
-            worker.process.kill()
-            worker.process.join()
+        _end(worker.process, grace_s=0.0)
         self._live.discard(worker)
 
 
@@ -376,13 +371,19 @@ class Batcher:
 def _reap(workers: Sequence[_Worker]) -> None:
     """Wait for closing workers to exit; terminate (then kill) any that do not in time."""
     for worker in workers:
-        worker.process.join(_STOP_WAIT_S)
-        if worker.process.is_alive():
-            worker.process.terminate()
-            worker.process.join(_STOP_WAIT_S)
-        if worker.process.is_alive():
-            worker.process.kill()
-            worker.process.join()
+        _end(worker.process, grace_s=_STOP_WAIT_S)
+
+
+def _end(process: BaseProcess, *, grace_s: float) -> None:
+    """Give ``process`` ``grace_s`` to exit by itself, then terminate it, then kill it if it
+    still lingers; reaped in every case (a zero grace still reaps one already gone)."""
+    process.join(grace_s)
+    if process.is_alive():
+        process.terminate()
+        process.join(_STOP_WAIT_S)
+    if process.is_alive():
+        process.kill()
+        process.join()
 
 
 async def _readable(worker: _Worker) -> None:

@@ -14,6 +14,7 @@ import podium.envs
 from podium.context.corpus import Chunk
 from podium.context.env import (
     ACTIONS,
+    MATCH_FEATURES,
     QUESTION_BUCKETS,
     SECTION_BUCKETS,
     CachedIndex,
@@ -122,23 +123,7 @@ def test_match_features_tell_the_answering_chunk_from_its_neighbours() -> None:
     other sections and another page's ERRORS do not."""
     cues = question_cues("What does the error ENOMEM mean for epoll_create(2)?")
     names = "doc_names_identifier", "title_names_identifier", "names_constant"
-    column = {
-        n: i
-        for i, n in enumerate(
-            (
-                "doc_names_identifier",
-                "title_names_identifier",
-                "section_names_identifier",
-                "identifiers_in_text",
-                "identifier_count",
-                "names_constant",
-                "quotes_phrase",
-                "names_version",
-                "section_overlap",
-                "text_overlap",
-            )
-        )
-    }
+    column = {n: i for i, n in enumerate(MATCH_FEATURES)}
     gold = match_features(
         cues, _chunk("man2/epoll_create.2.gz", "epoll_create(2) › ERRORS\nENOMEM No memory.")
     )
