@@ -215,11 +215,18 @@ async def test_one_trace_spans_grpc_kafka_and_every_service(
         trace_id = format(root.get_span_context().trace_id, "032x")
         services = {"orchestrator_svc", WORKER_NAME, "reward_svc", "learner_svc"}
 
+        rpcs = {f"/podium.v1.SessionService/{m}" for m in ("SubmitTask", "StreamSession")}
+
         def every_service_reported() -> bool:
-            return services <= {s.service for s in receiver.of_trace(trace_id)}
+            # The StreamSession SERVER span ends after the client has read the last event, so
+            # it may be exported after the other services' spans: wait for it too.
+            spans = receiver.of_trace(trace_id)
+            served = {s.name for s in spans if s.service == "orchestrator_svc" and s.kind == 2}
+            return services <= {s.service for s in spans} and rpcs <= served
 
         assert await _until(every_service_reported, 60, procs), (
-            f"services in trace {trace_id}: {sorted({s.service for s in receiver.of_trace(trace_id)})}"
+            f"spans in trace {trace_id}: "
+            f"{sorted({(s.service, s.name) for s in receiver.of_trace(trace_id)})}"
         )
         spans = receiver.of_trace(trace_id)
         _check_spans(spans, sid)
