@@ -55,7 +55,7 @@ HOW_TO_MAKE_KEYS = (
     "make a key pair with `podium keys generate --out DIR` and give the learner "
     f"{SIGNING_KEY_VAR}=DIR/{DEFAULT_KEY_NAME}.pem and every orchestrator "
     f"{TRUSTED_KEYS_VAR}=DIR/{DEFAULT_KEY_NAME}.pub (in Kubernetes: the Secrets "
-    "podium-policy-signing-key and podium-policy-trusted-keys, k8s/base/policy-keys.yaml)"
+    "podium-policy-signing-key and podium-policy-trusted-keys, k8s/components/operator-secrets)"
 )
 """The remedy every missing-key error names."""
 

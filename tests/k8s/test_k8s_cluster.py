@@ -18,6 +18,7 @@ from test_kustomize import (
     _jobs,
     _pod,
     _render,
+    _secrets,
     _workloads,
 )
 
@@ -211,7 +212,7 @@ def test_ingress_carries_grpc_over_tls_to_the_orchestrator(overlay: str) -> None
     hosts = {rule["host"] for rule in spec["rules"]}
     tls_hosts = {h for entry in spec["tls"] for h in entry["hosts"]}
     assert hosts <= tls_hosts, "a host served without TLS"
-    secrets = _by_name(docs, "Secret")
+    secrets = _secrets(docs)
     for entry in spec["tls"]:
         assert secrets[entry["secretName"]]["type"] == "kubernetes.io/tls"
     orchestrator = _workloads(docs)["orchestrator"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_kustomize import _render, _workloads
+from test_kustomize import _render, _secrets, _workloads
 
 SIGNING_SECRET = "podium-policy-signing-key"
 TRUSTED_SECRET = "podium-policy-trusted-keys"
@@ -32,7 +32,7 @@ def _mounts(dep: dict[str, Any]) -> tuple[dict[str, str], dict[str, str], dict[s
 @pytest.mark.parametrize("overlay", ["dev", "prod"])
 def test_learner_signs_orchestrator_verifies_with_separate_secrets(overlay: str) -> None:
     docs = _render(overlay)
-    secrets = _by_name(docs, "Secret")
+    secrets = _secrets(docs)
     assert {SIGNING_SECRET, TRUSTED_SECRET} <= set(secrets)
     for name in (SIGNING_SECRET, TRUSTED_SECRET):
         assert all("REPLACE-ME" in v for v in secrets[name]["stringData"].values()), name

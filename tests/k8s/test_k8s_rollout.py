@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from test_kustomize import _render, _workloads
+from test_kustomize import _render, _secrets, _workloads
 
 from learner_svc.config import MODES, LearnerConfig, LoopSettings
 from learner_svc.rollout.config import ControllerSettings
@@ -113,7 +113,7 @@ def test_the_rollout_controller_runs_alone_safely_and_as_its_own_user(overlay: s
 @pytest.mark.parametrize("overlay", ["dev", "prod"])
 def test_grpc_tokens_and_tls_come_from_secrets(overlay: str) -> None:
     docs = _render(overlay)
-    secrets = _by_name(docs, "Secret")
+    secrets = _secrets(docs)
     assert secrets[TLS_SECRET]["type"] == "kubernetes.io/tls"
     for name in (TOKENS_SECRET, TLS_SECRET):  # placeholders until an operator fills them
         assert all("REPLACE-ME" in v for v in secrets[name]["stringData"].values()), name

@@ -85,6 +85,23 @@ def _jobs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == "Job"}
 
 
+OPERATOR_SECRETS = ROOT / "k8s" / "components" / "operator-secrets" / "secrets.yaml"
+"""The Secrets an operator makes by hand (placeholders): only the dev overlay renders them."""
+
+
+@functools.cache
+def _operator_secrets() -> dict[str, dict[str, Any]]:
+    """The operator Secrets by name, as the component declares them (names, types, keys)."""
+    docs = [d for d in yaml.safe_load_all(OPERATOR_SECRETS.read_text()) if d]
+    return {d["metadata"]["name"]: d for d in docs}
+
+
+def _secrets(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The Secrets a cluster holds for ``docs``: those rendered, and the operator's own (made
+    by hand where the overlay leaves them out, with the component's names and keys)."""
+    return {**copy.deepcopy(_operator_secrets()), **_by_name(docs, "Secret")}
+
+
 def _pod(workload: dict[str, Any]) -> dict[str, Any]:
     return dict(workload["spec"]["template"]["spec"])
 
@@ -236,12 +253,15 @@ def test_every_setting_a_podium_container_gets_is_read_by_its_service(overlay: s
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_podium_container_config_parses_from_its_rendered_env(
-    overlay: str, tmp_path: Path
+    overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The rendered values are valid: each service's configs build from exactly its env
     (paths of mounted Secrets replaced by files that exist here)."""
     from podium.config import from_env
 
+    # PODIUM_BUS is checked with the process's own Kafka password (a pod has it from its
+    # KafkaUser's Secret), so the check must not depend on whether this shell has a broker's.
+    monkeypatch.setenv(SASL_PASSWORD_ENV, "from-secret")
     docs = _render(overlay)
     placeholder = tmp_path / "mounted"
     placeholder.mkdir()
@@ -269,3 +289,39 @@ def test_overlays_differ_where_they_should() -> None:
     assert prod[("Deployment", "orchestrator")]["spec"]["replicas"] > 1
     orch = prod[("Service", "orchestrator")]
     assert orch["spec"]["ports"][0]["port"] == 50051
+
+
+def _secret_references(workload: dict[str, Any]) -> set[str]:
+    """Every Secret a pod template mounts or reads a variable from."""
+    pod = _pod(workload)
+    names = {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+    for c in [*pod["containers"], *pod.get("initContainers", [])]:
+        for e in c.get("env", []):
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                names.add(ref["name"])
+        names |= {f["secretRef"]["name"] for f in c.get("envFrom", []) if "secretRef" in f}
+    return names
+
+
+def test_operator_secrets_are_never_applied_to_a_cluster() -> None:
+    """``kubectl apply -k k8s/overlays/prod`` must not overwrite the operator's real Secrets
+    with placeholders: prod renders none of them (and no placeholder at all), dev renders
+    every one, and whatever a prod pod needs is rendered, made by Strimzi, or one of them."""
+    operator = _operator_secrets()
+    assert {"podium-policy-signing-key", "podium-grpc-tls", "podium-bootstrap"} <= set(operator)
+    for name, doc in operator.items():
+        assert all("REPLACE-ME" in v for v in doc["stringData"].values()), name
+    prod = _render("prod")
+    assert not set(operator) & set(_by_name(prod, "Secret"))
+    assert "REPLACE-ME" not in yaml.safe_dump_all(prod)
+    dev = _by_name(_render("dev"), "Secret")
+    for name, doc in operator.items():
+        assert dev[name]["stringData"] == doc["stringData"], name
+    strimzi = {f"{cluster}-cluster-ca-cert" for cluster in _by_name(prod, "Kafka")}
+    strimzi |= set(_by_name(prod, "KafkaUser"))
+    available = set(_by_name(prod, "Secret")) | set(operator) | strimzi
+    pods = {**_workloads(prod), **_jobs(prod)}
+    for name, workload in pods.items():
+        assert _secret_references(workload) <= available, (name, _secret_references(workload))
+    assert any(_secret_references(w) & set(operator) for w in pods.values())
