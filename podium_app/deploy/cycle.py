@@ -154,10 +154,17 @@ async def run_sessions(
                 session_service_pb2.StreamSessionRequest(session_id=submitted.session_id),
                 timeout=timeout_s,
             )
+            result = None
+            # Read to the stream's end (the result is its last event), not just to the result:
+            # the call's CLIENT span ends with the iteration, here, rather than whenever the
+            # abandoned iterator is collected, which may be after the tracer provider is shut
+            # down (the span is then dropped: "Processor is already shutdown").
             async for event in stream:
                 if event.HasField("result"):
-                    return str(event.result)
-            raise PodiumError(f"session {submitted.session_id} ended without a result")
+                    result = str(event.result)
+            if result is None:
+                raise PodiumError(f"session {submitted.session_id} ended without a result")
+            return result
 
         return await asyncio.gather(*(one(i) for i in range(count)))
 

@@ -157,6 +157,12 @@ def _check_trace(trace: TraceView) -> None:
     assert submit.tags["rpc.service"] == "podium.v1.SessionService"
     assert submit.tags["rpc.method"] == "SubmitTask"
     assert "/podium.v1.SessionService/StreamSession" in server
+    # The tool's own CLIENT spans of both calls reached Jaeger too (none lost at its shutdown).
+    client = {s.name for s in trace.spans if s.service == "podium-deploy" and s.kind == "client"}
+    assert {
+        "/podium.v1.SessionService/SubmitTask",
+        "/podium.v1.SessionService/StreamSession",
+    } <= client, sorted(client)
     kafka = [s for s in trace.spans if s.kind in ("producer", "consumer")]
     assert all(s.tags.get("messaging.system") == "kafka" for s in kafka)
     kinds = {(s.service, s.kind) for s in kafka}
