@@ -38,9 +38,15 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from podium import codec
-from podium.bus import KafkaBus, KafkaConfig, TopicSpec
+from podium.bus import KafkaConfig
 from podium.bus.raw import RawConsumer
-from podium_app.bench_bus import PRODUCER, event, session_key
+from podium_app.bench_bus import (
+    PRODUCER,
+    create_scratch_topic,
+    delete_scratch_topic,
+    event,
+    session_key,
+)
 
 START_DELAY_S = 3.0
 """Producers start together this long after they are launched (imports and connections)."""
@@ -141,21 +147,25 @@ def _consumer_main(
     out.put(asyncio.run(_consume(KafkaConfig.from_url(url), topic, ready, expected)))
 
 
-async def _create_topic(config: KafkaConfig, topic: str, partitions: int) -> None:
-    admin = KafkaBus(config)
-    await admin.start()
-    try:
-        await admin.create_topics([TopicSpec(topic, partitions)])
-    finally:
-        await admin.stop()
-
-
 def measure(
     url: str, producers: int, mode: str, duration_s: float, partitions: int
 ) -> dict[str, Any]:
     """One run: ``producers`` producer processes and one consumer process on a fresh topic."""
     topic = f"podium.bench.ceiling.{uuid.uuid4().hex[:8]}"
-    asyncio.run(_create_topic(KafkaConfig.from_url(url), topic, partitions))
+    config = KafkaConfig.from_url(url)
+    asyncio.run(create_scratch_topic(config, topic, partitions))
+    try:
+        return _measure_on(url, topic, producers, mode, duration_s, partitions)
+    finally:
+        left = asyncio.run(delete_scratch_topic(config, topic))
+        if left:
+            print(f"bus_ceiling: {left}", file=sys.stderr)
+
+
+def _measure_on(
+    url: str, topic: str, producers: int, mode: str, duration_s: float, partitions: int
+) -> dict[str, Any]:
+    """:func:`measure` on its (existing) topic."""
     ctx = multiprocessing.get_context("spawn")
     ready, expected, consumed, produced = ctx.Event(), ctx.Queue(), ctx.Queue(), ctx.Queue()
     load_before = os.getloadavg()[0]

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import math
 import multiprocessing
 import os
@@ -55,7 +56,10 @@ from podium import codec, telemetry
 from podium.bus import EventConsumer, EventPublisher, KafkaBus, KafkaConfig, Record, TopicSpec
 from podium.bus.raw import RawConsumer, RawProducer
 from podium.errors import ConfigError, PodiumError
+from podium.topics import dead_letter
 from podium.v1 import envelope_pb2, subtask_pb2
+
+_log = logging.getLogger(__name__)
 
 CLIENTS = ("bus", "raw")
 """The two clients measured side by side in every phase kind."""
@@ -668,15 +672,50 @@ async def _produce(phase: Phase, config: KafkaConfig) -> Production:
         return await offer(send, s.duration_s, phase.rate, max_outstanding(phase.rate, s))
 
 
-async def run_phase(phase: Phase, config: KafkaConfig) -> PhaseResult:
-    """One phase: its topic, its consumer process, the producer here; a
-    :class:`PodiumError` if the consumer did not decode exactly what was published."""
+async def create_scratch_topic(config: KafkaConfig, topic: str, partitions: int) -> None:
+    """Create a measurement's own topic (``config``: a principal that may create it)."""
     admin = KafkaBus(config)
     await admin.start()
     try:
-        await admin.create_topics([TopicSpec(phase.topic, phase.settings.partitions)])
+        await admin.create_topics([TopicSpec(topic, partitions)])
     finally:
         await admin.stop()
+
+
+async def delete_scratch_topic(config: KafkaConfig, topic: str) -> str:
+    """Delete a measurement's own topic once measured, with its dead-letter topic (which the
+    bus's consumer makes), so a benchmark on a shared broker leaves nothing behind; "" when
+    deleted, else what stopped it (the caller reports it: a leftover topic is no reason to
+    lose the figures)."""
+    admin = KafkaBus(config)
+    try:
+        await admin.start()
+        try:
+            await admin.delete_topics([topic, dead_letter(topic)])
+        finally:
+            await admin.stop()
+    except PodiumError as exc:
+        return (
+            f"topic {topic} was left on the broker ({exc}); delete it with a principal allowed "
+            "to, e.g. `kafka-topics.sh --delete --topic ...`"
+        )
+    return ""
+
+
+async def run_phase(phase: Phase, config: KafkaConfig) -> PhaseResult:
+    """One phase: its topic, its consumer process, the producer here; a
+    :class:`PodiumError` if the consumer did not decode exactly what was published."""
+    await create_scratch_topic(config, phase.topic, phase.settings.partitions)
+    try:
+        return await _run_phase(phase, config)
+    finally:
+        left = await delete_scratch_topic(config, phase.topic)
+        if left:
+            _log.warning("%s", left)
+
+
+async def _run_phase(phase: Phase, config: KafkaConfig) -> PhaseResult:
+    """The measurement of :func:`run_phase` on its (existing) topic."""
     context = multiprocessing.get_context("spawn")  # fork under a running loop is unsafe
     here, there = context.Pipe()
     process = context.Process(target=consume_main, args=(phase, config, there), daemon=True)

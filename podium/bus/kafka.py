@@ -52,6 +52,7 @@ from aiokafka.errors import (
     ProducerFenced,
     SaslAuthenticationFailed,
     TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
     UnsupportedSaslMechanismError,
     for_code,
 )
@@ -392,6 +393,35 @@ class KafkaBus(Bus):
                             retriable=bool(err.retriable),
                         )
                 self._known_topics.add(name)
+
+    async def topic_names(self) -> list[str]:
+        """Every topic on the cluster this principal may describe, sorted."""
+        _, admin = self._started()
+        try:
+            return sorted(await admin.list_topics())
+        except KafkaError as exc:
+            raise bus_error("list topics", exc) from exc
+
+    async def delete_topics(self, names: Sequence[str]) -> None:
+        """Delete ``names`` with their records (a benchmark's own topics, once measured); a
+        topic that does not exist is skipped. The broker finishes a deletion in the
+        background, so a topic of the same name may be refused for a moment after. A
+        principal without the Delete permission on a topic gets a BusError naming it."""
+        _, admin = self._started()
+        if not names:
+            return
+        try:
+            response = await admin.delete_topics(list(names))
+        except KafkaError as exc:
+            raise bus_error(f"delete topics {list(names)}", exc) from exc
+        failed = []
+        for name, code, *_ in response.topic_error_codes:
+            err = for_code(code) if code else None
+            if err is not None and err is not UnknownTopicOrPartitionError:
+                failed.append(f"{name}: {err.__name__}")
+        self._known_topics.difference_update(names)
+        if failed:
+            raise BusError(f"kafka delete topics failed: {'; '.join(failed)}", retriable=False)
 
     async def ensure_topics(self, names: Sequence[str]) -> None:
         """Create any of ``names`` not known yet, with the configured defaults."""

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from podium import codec
+from podium.bus import KafkaBus, KafkaConfig
 from podium.errors import ConfigError
 from podium.v1 import envelope_pb2
 from podium_app.bench_bus import (
@@ -233,6 +234,7 @@ def test_bad_flags_exit_2_with_one_line(
 def test_bench_bus_on_the_broker_writes_the_documented_json(
     kafka_bootstrap: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    topics_before = set(asyncio.run(_bench_topics(kafka_bootstrap)))
     out = tmp_path / "bus.json"
     argv = ["bench", "bus", "--bus", kafka_bootstrap, "--duration-s", "0.5"]
     argv += ["--loads", "200,400", "--warmup", "20", "--in-flight", "50", "--json", str(out)]
@@ -256,6 +258,23 @@ def test_bench_bus_on_the_broker_writes_the_documented_json(
     captured = capsys.readouterr()
     assert "saturation, events/s" in captured.out
     assert "[podium bench bus]" in captured.err
+    # Each phase's topic was deleted once measured: nothing is left on the broker.
+    for _ in range(40):
+        left = set(asyncio.run(_bench_topics(kafka_bootstrap))) - topics_before
+        if not left:
+            break
+        time.sleep(0.25)
+    assert not left
+
+
+async def _bench_topics(url: str) -> list[str]:
+    """The benchmarks' topics on the broker at ``url``."""
+    bus = KafkaBus(KafkaConfig.from_url(url))
+    await bus.start()
+    try:
+        return [t for t in await bus.topic_names() if t.startswith("podium.bench.")]
+    finally:
+        await bus.stop()
 
 
 @pytest.mark.kafka
@@ -266,6 +285,7 @@ def test_raw_ceiling_script_decodes_every_event_it_sent(
     """``bench/bus_ceiling.py`` (raw aiokafka's ceiling, the evidence behind the 50,000
     events/s figure): a producer process and a consumer process on the real broker; every
     event sent is decoded and the JSON holds the documented keys."""
+    topics_before = set(asyncio.run(_bench_topics(kafka_bootstrap)))
     out = tmp_path / "ceiling.json"
     script = Path(__file__).parents[2] / "bench" / "bus_ceiling.py"
     argv = [sys.executable, str(script), "--bus", kafka_bootstrap, "--producers", "1"]
@@ -276,4 +296,5 @@ def test_raw_ceiling_script_decodes_every_event_it_sent(
     assert data["mode"] == mode and data["producers"] == 1
     assert data["events"] == data["sent"] > 0 and data["events_per_s"] > 0
     assert data["producer_cpu_us_per_event"] > 0 and data["consumer_cpu_us_per_event"] > 0
+    assert not set(asyncio.run(_bench_topics(kafka_bootstrap))) - topics_before  # deleted
     assert "events/s end to end" in done.stdout

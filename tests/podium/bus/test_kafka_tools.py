@@ -13,7 +13,7 @@ from test_contract import drain
 
 from podium.bus import KafkaBus, Record, TopicSpec
 from podium.bus.inproc import partition_for_key
-from podium.errors import ConfigError
+from podium.errors import BusError, ConfigError
 
 pytestmark = pytest.mark.kafka
 
@@ -227,3 +227,29 @@ async def test_positioning_a_group_outlives_a_killed_member(
         assert [r.value for r in got] == [b"new"]
     finally:
         await bus.stop()
+
+
+async def test_delete_topics_removes_them_with_their_records_and_skips_missing_ones(
+    kafka: KafkaBus, unique: Names
+) -> None:
+    gone, kept, missing = unique("del.gone"), unique("del.kept"), unique("del.missing")
+    await kafka.create_topics([TopicSpec(gone, 2), TopicSpec(kept, 1)])
+    await kafka.publish(gone, b"old", key="k")
+    assert await kafka.partitions(gone, wait_s=10) == [0, 1]
+    await kafka.delete_topics([gone, missing])
+    for _ in range(80):  # the broker finishes a deletion in the background
+        if not await kafka.partitions(gone):
+            break
+        await asyncio.sleep(0.25)
+    assert await kafka.partitions(gone) == []
+    assert await kafka.partitions(kept) == [0]
+    await kafka.delete_topics([])  # nothing to do
+    # The bus forgot it: a publish creates the topic again, empty but for the new record.
+    for _ in range(40):
+        try:
+            await kafka.publish(gone, b"new", key="k")
+            break
+        except BusError as exc:  # refused while the deletion is still being finished
+            assert exc.retriable, exc
+            await asyncio.sleep(0.5)
+    assert sum((await kafka.end_offsets(gone)).values()) == 1
