@@ -128,6 +128,14 @@ def resolve_processes(raw: str, cap: int = 8) -> int:
     return int(text)
 
 
+UNGUARDED_MAIN_HINT = (
+    "A spawned worker imports the program's main module again: if that module starts the "
+    'pool at import time (no `if __name__ == "__main__":` guard around its entry point), the '
+    "worker fails that way; guard it, or run the plug-ins with processes=0"
+)
+"""Why a worker most often dies before it is ready, and the fix (its stderr has the rest)."""
+
+
 def exit_status(process: BaseProcess) -> str:
     """How a finished process ended, in words (``exit code 3``, ``killed by SIGKILL``)."""
     code = process.exitcode
@@ -251,7 +259,7 @@ class WorkerPool:
             self._stop(worker)
             raise WorkerError(
                 f"{self._name}: worker process {process.pid} exited while starting "
-                f"({exit_status(process)})",
+                f"({exit_status(process)}). {UNGUARDED_MAIN_HINT}",
                 retriable=False,
             ) from exc
         except BaseException:

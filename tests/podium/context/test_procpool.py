@@ -9,6 +9,8 @@ import multiprocessing
 import operator
 import os
 import signal
+import subprocess
+import sys
 import threading
 from functools import partial
 from pathlib import Path
@@ -170,3 +172,29 @@ async def test_a_failed_batch_fails_every_call_in_it_with_the_error() -> None:
         await workers.close()
     with pytest.raises(ValueError, match="at least 1 call"):
         Batcher(workers, most=0)
+
+
+def test_an_unguarded_main_module_gets_an_error_naming_the_guard(tmp_path: Path) -> None:
+    """A program that starts a pool at import time (no ``__main__`` guard): each spawned
+    worker imports it again and dies bootstrapping; the error says why and what to do."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import asyncio, operator\n"
+        "from functools import partial\n"
+        "from podium.context.procpool import WorkerPool\n"
+        "pool = WorkerPool('divide', 1, partial(int, '6'), operator.truediv, ())\n"
+        "print(asyncio.run(pool.call(2)))\n"
+    )
+    root = str(Path(__file__).resolve().parents[3])  # this checkout's podium, not another's
+    env = {**os.environ, "PYTHONPATH": root}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert done.returncode != 0
+    assert "exited while starting" in done.stderr
+    assert 'if __name__ == "__main__":' in done.stderr and "processes=0" in done.stderr
