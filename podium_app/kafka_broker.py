@@ -20,11 +20,9 @@ unauthenticated broker for development.
 
 Tests that need a broker of their own (to ``kill -9`` it) use :class:`KafkaBroker` directly.
 
-Version: Kafka 4.2.1, the release the Kubernetes manifests run (k8s/base/kafka.yaml, Strimzi), so
-the services are tested against the broker they meet in production. Kafka 4.0 removed the
-oldest protocol versions (KIP-896); aiokafka negotiates versions the 4.x brokers still serve, and
-its idempotent producer, consumer groups and transactions all work on them, which the bus
-contract and fault tests and ``tests/podium_app/test_kafka_broker.py`` prove.
+Version: Kafka 3.9.x is the last line that still serves the older protocol versions aiokafka
+speaks (4.0 removed them, see KIP-896); with it aiokafka's idempotent producer, consumer
+groups and transactions all work, which ``tests/podium_app/test_kafka_broker.py`` proves.
 
 This module uses only the standard library (and podium.errors and podium.topics, themselves
 stdlib only), so ``scripts/kafka.sh`` runs without a venv; TLS material needs ``openssl``.
@@ -66,7 +64,7 @@ from podium_app.kafka_auth import (
     request,
 )
 
-KAFKA_VERSION = "4.2.1"
+KAFKA_VERSION = "3.9.1"
 """Pinned Apache Kafka release (Scala 2.13 build)."""
 
 SECURITY_MODES = ("sasl_ssl", "plaintext")
@@ -206,18 +204,6 @@ log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
 log4j.logger.kafka.request.logger=WARN
 log4j.logger.org.apache.kafka.controller=INFO
 log4j.logger.state.change.logger=WARN
-"""
-
-_LOG4J2 = """\
-# Kafka 4 logs through slf4j, which reload4j binds to the log4j 1 file above; only a few parts
-# (the log-level MBean) use log4j 2 directly: warnings and worse to the console (broker.out).
-status = error
-appender.console.type = Console
-appender.console.name = console
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = warn
-rootLogger.appenderRef.console.ref = console
 """
 
 
@@ -497,7 +483,6 @@ class KafkaBroker:
         config.write_text(self._properties(controller_port))
         log4j = self.run_dir / "log4j.properties"
         log4j.write_text(_LOG4J.format(log=self.log_file))
-        (self.run_dir / "log4j2.properties").write_text(_LOG4J2)
         jvm = self._jvm(java, libs, log4j)
         if not formatted:
             _format_storage(jvm, config, scram_args)
@@ -544,7 +529,6 @@ class KafkaBroker:
             "-XX:TieredStopAtLevel=1",  # faster start-up; a dev broker never gets hot
             "-Djava.awt.headless=true",
             f"-Dlog4j.configuration=file:{log4j}",
-            f"-Dlog4j2.configurationFile={log4j.with_name('log4j2.properties')}",
             f"-Dkafka.logs.dir={self.run_dir / 'logs'}",
             "-cp",
             f"{libs}/*",
