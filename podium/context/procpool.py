@@ -196,7 +196,7 @@ class WorkerPool:
             raise WorkerError(f"{self._name}: the worker pool is closed", retriable=False)
         try:
             if worker is None:
-                worker = await asyncio.to_thread(self._start)
+                worker = await self._started()
             status, payload = await self._ask(worker, request)
         except BaseException:
             # Dead, never started, or abandoned mid-call (cancelled: its late reply must not
@@ -232,6 +232,23 @@ class WorkerPool:
             for _ in range(self._processes):
                 self._slots.put_nowait(None)
         return self._slots
+
+    async def _started(self) -> _Worker:
+        """A new worker, ready. Its start runs in a thread that a cancelled caller cannot
+        interrupt: the worker it starts then would belong to no slot and live on until
+        :meth:`close`, so it is stopped as soon as its start ends."""
+        starting = asyncio.ensure_future(asyncio.to_thread(self._start))
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            starting.add_done_callback(self._stop_abandoned)
+            raise
+
+    def _stop_abandoned(self, starting: asyncio.Future[_Worker]) -> None:
+        """Stop a worker whose caller was cancelled while it started (a failed start has
+        stopped its worker already)."""
+        if not starting.cancelled() and starting.exception() is None:
+            self._stop(starting.result())
 
     def _start(self) -> _Worker:
         """Spawn a worker and wait until its ``setup`` is done (run in a thread)."""

@@ -79,14 +79,23 @@ async def test_a_killed_worker_is_a_retriable_error_and_is_replaced() -> None:
 
 
 async def started_call(workers: WorkerPool, request: float) -> tuple[asyncio.Task[object], int]:
-    """A call in flight in its (only) worker, and that worker's pid."""
+    """A call in flight in its (only) worker, and that worker's pid. The worker is started
+    and ready first (a zero wait answers at once), so the call is in the worker, not in its
+    start, however slowly a busy machine spawns it."""
+    assert await workers.call(0) is False
+    [pid] = workers.pids()
     call = asyncio.create_task(workers.call(request))
-    for _ in range(6000):  # the worker starts within a minute, however busy the machine
-        if workers.pids():
-            break
-        await asyncio.sleep(0.01)
     await asyncio.sleep(0.3)  # the request is on its way: the worker is waiting on it
-    return call, workers.pids()[0]
+    return call, pid
+
+
+async def gone_within(pids: tuple[int, ...], seconds: float) -> bool:
+    """``gone(pids)`` becomes true within ``seconds``."""
+    for _ in range(int(seconds / 0.05)):
+        if gone(pids):
+            return True
+        await asyncio.sleep(0.05)
+    return gone(pids)
 
 
 async def test_a_worker_killed_mid_call_fails_that_call_and_the_next_one_works() -> None:
@@ -112,6 +121,24 @@ async def test_a_cancelled_call_ends_its_worker_so_no_late_reply_is_misread() ->
             await call
         assert gone((pid,)) and workers.pids() == ()
         assert await workers.call(0) is False
+    finally:
+        await workers.close()
+
+
+async def test_a_call_cancelled_while_its_worker_starts_leaves_no_worker_behind() -> None:
+    workers = WorkerPool("wait", 1, threading.Event, threading.Event.wait)
+    try:
+        call = asyncio.create_task(workers.call(60))
+        for _ in range(6000):  # cancelled once the worker process exists, before it is ready
+            if workers.pids():
+                break
+            await asyncio.sleep(0.01)
+        [pid] = workers.pids()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert await gone_within((pid,), 60) and workers.pids() == ()
+        assert await workers.call(0) is False and workers.pids() != (pid,)
     finally:
         await workers.close()
 
