@@ -11,6 +11,9 @@ command that reproduces it) and reads the paired ratios out of its JSON:
   held-out variants of it, drawn with ``--variant-seed``, never a training seed): the
   ``--misadvertised`` policy against cpls on the advertisement and cpls-online (cpls on the
   statistics store's estimates). Targets: <= 0.85x cpls-advertised, <= 0.95x cpls-online.
+  With ``--scout``, also ``learned+scout`` (the policy trying untried agents where the
+  schedule has slack, :mod:`podium.envs.swarm.scouting`) against both, and
+  ``cpls-online+scout`` against cpls-online as a reference line.
 
 A ratio is the mean over tasks of the per-task ratio of mean latencies (each task's
 sessions paired by seed across policies), the figure the issue quotes; the ratio of the
@@ -165,13 +168,31 @@ def misadvertised_figures(args: argparse.Namespace) -> list[Figure]:
     base = POOLS / "misadvertised.yaml"
     pools = [base, *held_out_variants(base, args.variants, args.variant_seed, args.out)]
     policies = "cpls,cpls-online,learned" + (",planner" if args.planner else "")
+    if args.scout:
+        policies += ",learned+scout,cpls-online+scout"
+    learned = ["learned", "learned+scout"] if args.scout else ["learned"]
     figures = []
     for pool in pools:
         tag = f"b-{pool.stem}"
         result, cmd = bench(pool, policies, args.misadvertised, args.episodes, args.out, tag)
-        for ref, target in (("cpls", 0.85), ("cpls-online", 0.95)):
-            per_task, overall = paired_ratio(result, "learned", ref)
-            figures.append(Figure("b", pool.name, "learned", ref, target, per_task, overall, cmd))
+        for policy in learned:
+            for ref, target in (("cpls", 0.85), ("cpls-online", 0.95)):
+                per_task, overall = paired_ratio(result, policy, ref)
+                figures.append(Figure("b", pool.name, policy, ref, target, per_task, overall, cmd))
+        if args.scout:
+            per_task, overall = paired_ratio(result, "cpls-online+scout", "cpls-online")
+            figures.append(
+                Figure(
+                    "b ref",
+                    pool.name,
+                    "cpls-online+scout",
+                    "cpls-online",
+                    1.0,
+                    per_task,
+                    overall,
+                    cmd,
+                )
+            )
         if args.planner:
             per_task, overall = paired_ratio(result, "planner", "cpls")
             figures.append(
@@ -212,6 +233,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--variant-seed", type=int, default=1000, help="(b) their seed (1000; not a training seed)"
     )
     p.add_argument("--planner", action="store_true", help="(b) the planner as a reference line")
+    p.add_argument(
+        "--scout",
+        action="store_true",
+        help="(b) also the policy with scouting (learned+scout), and cpls-online+scout as a "
+        "reference line (podium.envs.swarm.scouting)",
+    )
     p.add_argument("--out", type=Path, required=True, help="directory for the JSON results")
     return p.parse_args(argv)
 

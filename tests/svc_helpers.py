@@ -21,6 +21,11 @@ from podium.telemetry import client_interceptors
 from podium.v1 import session_service_pb2_grpc
 from subagent_svc import SubagentApp, SubagentConfig
 
+SUBMIT_DEADLINE_S = 30.0
+"""A test client's deadline for SubmitTask: the spec is parsed in a parser process that the
+first call of a fresh server spawns, which takes seconds on a machine busy with the rest of CI
+(a 5 s deadline expired there before the server could answer). Never what a test measures."""
+
 LOGIN_TASK = """
 name: login-system
 max_parallel: 3

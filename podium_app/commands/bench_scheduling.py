@@ -10,7 +10,10 @@ sub-agents behave otherwise than advertised: every policy reads ``--pool``'s adv
 outcomes are drawn from the truth. ``planner`` is the rollout planner on the true model, a
 reference line that reads the truth; ``cpls-online`` (and ``planner-online``, the planner on
 the estimates) read profiles estimated from each policy's own statistics store, warmed by
-``--warmup`` cpls episodes per task.
+``--warmup`` cpls episodes per task. Any policy may be listed as ``NAME+scout``
+(``learned+scout``, ``cpls-online+scout``): that policy with scouting
+(:mod:`podium.envs.swarm.scouting`), which tries untried agents only where the schedule has
+slack for them.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from rich.console import Console
 from rich.table import Table
 
 from podium.envs.swarm.baselines import BASELINES
-from podium.envs.swarm.benchmark import PLANNER, PLANNER_ONLINE, bench_scheduling
+from podium.envs.swarm.benchmark import PLANNER, PLANNER_ONLINE, base_policy, bench_scheduling
 from podium.envs.swarm.scheduling import SchedulingPolicy
+from podium.envs.swarm.scouting import SCOUT_SUFFIX
 from podium.envs.swarm.spec import (
     check_true_pool,
     default_pool,
@@ -65,10 +69,11 @@ _non_negative_int = _int_at_least(0)
 def _policies(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     known = {*BASELINES, LEARNED, PLANNER, PLANNER_ONLINE}
-    unknown = [p for p in names if p not in known]
+    unknown = [p for p in names if base_policy(p) not in known]
     if not names or unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown policy {unknown[0] if unknown else text!r}; known: {', '.join(sorted(known))}"
+            f"unknown policy {unknown[0] if unknown else text!r}; known: "
+            f"{', '.join(sorted(known))}, each also as NAME{SCOUT_SUFFIX}"
         )
     return names
 
@@ -79,7 +84,7 @@ def _learned_policies(args: argparse.Namespace) -> dict[str, SchedulingPolicy]:
     Raises :class:`ConfigError` when the flags disagree, :class:`ArtifactError` (missing,
     tampered or foreign file) with the flag named.
     """
-    wanted = LEARNED in args.policies
+    wanted = any(base_policy(p) == LEARNED for p in args.policies)
     if wanted and not args.checkpoint:
         raise ConfigError(
             f"--policies lists {LEARNED!r}: give the trained policy with --checkpoint PATH "
@@ -129,7 +134,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{', '.join(sorted({*BASELINES, LEARNED, PLANNER, PLANNER_ONLINE}))}"
         f" (sequential always runs as the reference; {LEARNED} needs --checkpoint; {PLANNER} "
         f"is the rollout planner on the true model, a reference line that reads the truth; "
-        f"{PLANNER_ONLINE} plans on the statistics store's estimates instead)",
+        f"{PLANNER_ONLINE} plans on the statistics store's estimates instead; NAME{SCOUT_SUFFIX}: "
+        f"that policy trying untried agents where the schedule has slack)",
     )
     parser.add_argument(
         "--warmup",

@@ -79,7 +79,7 @@ with grpc.insecure_channel(target) as channel:
                 methods += [m.name for m in svc.method]
     out["reflected_methods"] = sorted(methods)
 
-    sid = stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=task_text, seed=7), timeout=5).session_id
+    sid = stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=task_text, seed=7), timeout=30).session_id
     kinds = []
     seqs = []
     last = None
@@ -113,7 +113,7 @@ with grpc.insecure_channel(target) as channel:
 
     bad = "name: bad\nsubtasks:\n  - {id: a, kind: ui, work: 1, deps: [ghost]}\n"
     try:
-        stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=bad), timeout=5)
+        stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=bad), timeout=30)
     except grpc.RpcError as exc:
         # The rich status (google.rpc.BadRequest), decoded with gRPC's own status library.
         from google.rpc import error_details_pb2

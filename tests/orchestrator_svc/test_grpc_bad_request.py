@@ -14,6 +14,7 @@ import grpc.aio
 import pytest
 from google.rpc import code_pb2, error_details_pb2
 from grpc_status import rpc_status
+from svc_helpers import SUBMIT_DEADLINE_S
 
 from orchestrator_svc.grpc_api import _REVIEW, FIELD_METADATA_KEY, service_handler
 from orchestrator_svc.review import ReviewServicer
@@ -66,7 +67,7 @@ async def test_invalid_task_is_a_bad_request_naming_the_field(
 ) -> None:
     async with stack_factory(inproc_bus) as stack:
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stack.stub.SubmitTask(request_, timeout=5)
+            await stack.stub.SubmitTask(request_, timeout=SUBMIT_DEADLINE_S)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         ((named, problem),) = violations(info.value)
         assert named == field and fragment in problem

@@ -11,7 +11,7 @@ import grpc
 import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from svc_helpers import LOGIN_TASK
+from svc_helpers import LOGIN_TASK, SUBMIT_DEADLINE_S
 
 from orchestrator_svc.grpc_api import FIELD_METADATA_KEY
 from podium import codec, topics
@@ -107,8 +107,8 @@ async def test_client_request_id_makes_submit_idempotent(
 ) -> None:
     async with stack_factory(inproc_bus) as stack:
         req = ss.SubmitTaskRequest(task_spec_text=LOGIN_TASK, client_request_id="ide-42")
-        a = await stack.stub.SubmitTask(req, timeout=5)
-        b = await stack.stub.SubmitTask(req, timeout=5)
+        a = await stack.stub.SubmitTask(req, timeout=SUBMIT_DEADLINE_S)
+        b = await stack.stub.SubmitTask(req, timeout=SUBMIT_DEADLINE_S)
         assert a.session_id == b.session_id
 
 
@@ -163,7 +163,7 @@ async def test_invalid_spec_is_invalid_argument_naming_the_field(
 ) -> None:
     async with stack_factory(inproc_bus) as stack:
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stack.stub.SubmitTask(request_, timeout=5)
+            await stack.stub.SubmitTask(request_, timeout=SUBMIT_DEADLINE_S)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert f"(field {field})" in (info.value.details() or "")
         assert fragment in (info.value.details() or "")
@@ -198,7 +198,9 @@ async def test_stream_deadline_is_honoured(
     # Paced sub-agents: the session takes over a second of wall time, the deadline 0.3 s.
     async with stack_factory(inproc_bus, time_scale=0.05) as stack:
         sid = (
-            await stack.stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=LOGIN_TASK), timeout=5)
+            await stack.stub.SubmitTask(
+                ss.SubmitTaskRequest(task_spec_text=LOGIN_TASK), timeout=SUBMIT_DEADLINE_S
+            )
         ).session_id
         seen = 0
         t0 = time.perf_counter()

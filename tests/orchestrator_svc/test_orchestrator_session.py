@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from svc_helpers import LOGIN_TASK
+from svc_helpers import LOGIN_TASK, SUBMIT_DEADLINE_S
 
 from orchestrator_svc.policy import make_policy
 from orchestrator_svc.specs import parse_task_text
@@ -131,7 +131,9 @@ async def test_the_trajectory_records_who_ran_each_execution_and_when(
     before = time.time()
     async with stack_factory(inproc_bus, workers=2, time_scale=scale, pool_spec=str(pool)) as stack:
         sid = (
-            await stack.stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=MIXED_TASK), timeout=5)
+            await stack.stub.SubmitTask(
+                ss.SubmitTaskRequest(task_spec_text=MIXED_TASK), timeout=SUBMIT_DEADLINE_S
+            )
         ).session_id
         async for _ in stack.stub.StreamSession(
             ss.StreamSessionRequest(session_id=sid), timeout=30
@@ -162,7 +164,9 @@ async def test_missing_subagents_time_the_session_out_visibly(
     await reader.start()
     async with stack_factory(inproc_bus, workers=0, session_timeout_s=0.3) as stack:
         sid = (
-            await stack.stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=LOGIN_TASK), timeout=5)
+            await stack.stub.SubmitTask(
+                ss.SubmitTaskRequest(task_spec_text=LOGIN_TASK), timeout=SUBMIT_DEADLINE_S
+            )
         ).session_id
         events = [
             e
@@ -249,7 +253,9 @@ async def test_invalid_task_on_the_topic_is_dead_lettered_and_intake_goes_on(
         )
         # A valid session submitted after it still runs to the end.
         sid = (
-            await stack.stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=LOGIN_TASK), timeout=5)
+            await stack.stub.SubmitTask(
+                ss.SubmitTaskRequest(task_spec_text=LOGIN_TASK), timeout=SUBMIT_DEADLINE_S
+            )
         ).session_id
         events = [
             e
@@ -296,7 +302,7 @@ async def test_real_agents_start_at_once_on_different_partitions(
         assert stack.orchestrator.config.topic_partitions == 3
         for seed in (1, 2, 3):
             request = ss.SubmitTaskRequest(task_spec_text=THREE_SEARCHES, seed=seed)
-            await stack.stub.SubmitTask(request, timeout=5)
+            await stack.stub.SubmitTask(request, timeout=SUBMIT_DEADLINE_S)
         records = []
         for _ in range(50):
             records += await reader.fetch(timeout_s=0.1)

@@ -355,6 +355,16 @@ class CplsOnlinePolicy(CplsPolicy):
         hit = self._episodes.get(id(state))
         return hit[1].pool if hit is not None and hit[0] is state and hit[1] else None
 
+    def episode_estimate(
+        self, state: SwarmState, stats: AgentStats
+    ) -> tuple[SubagentPool, CplsPolicy]:
+        """The estimated pool ``state``'s episode plans on under ``stats`` (fixed at its first
+        call for the episode) and the cpls that plans on it (its ranks are cpls-online's)."""
+        plan = self._episode_plan(state, stats)
+        if plan is None:  # only without a store, which the signature rules out
+            raise ConfigError("cpls-online has no statistics store to estimate the pool from")
+        return plan.pool, plan.engine
+
     def _episode_plan(self, state: SwarmState, stats: AgentStats | None) -> _Plan | None:
         """The plan of ``state``'s episode: fixed the first time its state is seen."""
         hit = self._episodes.get(id(state))

@@ -18,6 +18,7 @@ from podium.envs.swarm.env import EnvConfig, SwarmEnv
 from podium.envs.swarm.planner import make_scheduler
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.scheduling import SchedulingPolicy
+from podium.envs.swarm.scouting import SCOUT_SUFFIX, Scouting
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, split_truth
 from podium.errors import ConfigError
 
@@ -111,7 +112,9 @@ def bench_scheduling(
         raise ConfigError(f"--warmup must be >= 0, got {warmup}")
     advertised, truth = split_truth(pool, true_pool)
     engines = _policies_by_name(policies, extra or {})
-    reads_stats = any(n in STATS_READERS or n in (extra or {}) for n in engines)
+    reads_stats = any(
+        n in STATS_READERS or n in (extra or {}) or n.endswith(SCOUT_SUFFIX) for n in engines
+    )
     warm = _new_store() if reads_stats else None
     env = SwarmEnv(
         list(tasks),
@@ -164,23 +167,36 @@ def _policies_by_name(
     policies: Sequence[str], extra: Mapping[str, SchedulingPolicy]
 ) -> dict[str, SchedulingPolicy]:
     """The reference first, then ``policies`` in order (duplicates once): rule engines by
-    name, the planner, or the caller's ``extra``; ConfigError for an unknown or reserved name."""
+    name, the planner, or the caller's ``extra``, each also as ``<name>+scout`` (with
+    :mod:`~podium.envs.swarm.scouting`); ConfigError for an unknown or reserved name."""
     for reserved in (REFERENCE, PLANNER, PLANNER_ONLINE):
         if reserved in extra:
             raise ConfigError(f"policy name {reserved!r} is reserved for the {reserved} policy")
     names = [REFERENCE, *[p for p in dict.fromkeys(policies) if p != REFERENCE]]
     planners = (PLANNER, PLANNER_ONLINE)
-    unknown = [n for n in names if n not in extra and n not in BASELINES and n not in planners]
+    unknown = [
+        n for n in names if n not in extra and base_policy(n) not in {*BASELINES, *planners, *extra}
+    ]
     if unknown:
         known = ", ".join(sorted({*BASELINES, *planners, *extra}))
-        raise ConfigError(f"unknown policy {unknown[0]!r}; known: {known}")
+        raise ConfigError(
+            f"unknown policy {unknown[0]!r}; known: {known} (each also as NAME{SCOUT_SUFFIX})"
+        )
     return {n: _build(n, extra) for n in names}
 
 
+def base_policy(name: str) -> str:
+    """``name`` without its scouting suffix (``learned+scout`` -> ``learned``)."""
+    return name.removesuffix(SCOUT_SUFFIX)
+
+
 def _build(name: str, extra: Mapping[str, SchedulingPolicy]) -> SchedulingPolicy:
-    """The policy called ``name``: the caller's, the planner, or a fresh rule engine."""
+    """The policy called ``name``: the caller's, the planner, or a fresh rule engine; a
+    ``+scout`` name wraps its base policy in :class:`Scouting`."""
     if name in extra:
         return extra[name]
+    if name.endswith(SCOUT_SUFFIX):
+        return Scouting(_build(base_policy(name), extra))
     return make_scheduler(name)
 
 
