@@ -218,11 +218,21 @@ async def test_one_trace_spans_grpc_kafka_and_every_service(
         rpcs = {f"/podium.v1.SessionService/{m}" for m in ("SubmitTask", "StreamSession")}
 
         def every_service_reported() -> bool:
-            # The StreamSession SERVER span ends after the client has read the last event, so
-            # it may be exported after the other services' spans: wait for it too.
+            # Spans arrive as they end, in no fixed order: the StreamSession SERVER span ends
+            # after the client has read the last event, and a service's CONSUMER span ends
+            # after the PRODUCER span it wraps (reward_svc's after its transaction commits).
+            # So wait for every span _check_spans needs, not for one span per service.
             spans = receiver.of_trace(trace_id)
             served = {s.name for s in spans if s.service == "orchestrator_svc" and s.kind == 2}
-            return services <= {s.service for s in spans} and rpcs <= served
+            kinds: dict[str, set[int]] = {}
+            for span in spans:
+                kinds.setdefault(span.service, set()).add(span.kind)
+            return (
+                services <= set(kinds)
+                and rpcs <= served
+                and all(5 in kinds[s] for s in services - {"orchestrator_svc"})
+                and all(4 in kinds[s] for s in services - {"learner_svc"})
+            )
 
         assert await _until(every_service_reported, 60, procs), (
             f"spans in trace {trace_id}: "

@@ -248,9 +248,14 @@ def test_bench_bus_on_the_broker_writes_the_documented_json(
     for loads in (data["loads"], data["raw_client"]["loads"]):
         assert [load["offered_per_s"] for load in loads] == [200, 400]
         assert all(type(load["offered_per_s"]) is int for load in loads)
-        # Open loop: exactly the schedule's events, whatever the latency.
-        assert [load["produced"] for load in loads] == [100, 200]
-        assert all(load["sustained"] for load in loads)
+        for load, planned in zip(loads, (100, 200), strict=True):
+            if load["sustained"]:  # open loop: exactly the schedule's events, whatever latency
+                assert load["produced"] == planned
+            else:
+                # The bus fell more than max_outstanding (>= --in-flight) events behind, as on
+                # a machine busy with the rest of CI (about 220/s there): the schedule is given
+                # up, as documented, after more than that many were launched.
+                assert 50 < load["produced"] < planned
     ratio = data["saturation"]["events_per_s"] / data["raw_client"]["events_per_s"]
     assert data["bus_to_raw"] == pytest.approx(ratio, abs=0.001)
     assert set(data["targets"]) == {"saturation_events_per_s", "bus_to_raw"}  # no 1000/s load
