@@ -29,9 +29,9 @@ from rich.console import Console
 from rich.table import Table
 
 from podium.envs.swarm.baselines import BASELINES
-from podium.envs.swarm.benchmark import PLANNER, PLANNER_ONLINE, base_policy, bench_scheduling
+from podium.envs.swarm.benchmark import PLANNER, PLANNER_ONLINE, bench_scheduling
 from podium.envs.swarm.scheduling import SchedulingPolicy
-from podium.envs.swarm.scouting import SCOUT_SUFFIX
+from podium.envs.swarm.scouting import SCOUT_SUFFIX, base_policy
 from podium.envs.swarm.spec import (
     check_true_pool,
     default_pool,

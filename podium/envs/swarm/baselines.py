@@ -191,6 +191,7 @@ class CplsPolicy(RuleEngine):
     def __init__(self) -> None:
         # Keyed by id(task) / id(pool) and holding the object, so a recycled id never aliases.
         self._ranks: dict[int, tuple[object, list[float]]] = {}
+        self._weights: dict[int, tuple[object, list[float]]] = {}
         self._priority: dict[int, tuple[object, list[int]]] = {}
         self._orders: dict[tuple[int, str], tuple[object, list[int]]] = {}
 
@@ -205,10 +206,11 @@ class CplsPolicy(RuleEngine):
         self._orders[key] = (state.pool, order)
         return order
 
-    def ranks(self, state: SwarmState) -> list[float]:
-        """Upward ranks of the state's task (cached per task object)."""
+    def weights(self, state: SwarmState) -> list[float]:
+        """Each subtask's least expected time to success over the agents: the weights of the
+        upward ranks (cached per task object)."""
         key = id(state.task)
-        hit = self._ranks.get(key)
+        hit = self._weights.get(key)
         if hit is not None and hit[0] is state.task:
             return hit[1]
         pool = state.pool
@@ -216,7 +218,16 @@ class CplsPolicy(RuleEngine):
             min(pool.expected_time_to_success(a, s.kind, s.work) for a in range(pool.num_agents))
             for s in state.task.subtasks
         ]
-        r = upward_ranks(state.task, w)
+        self._weights[key] = (state.task, w)
+        return w
+
+    def ranks(self, state: SwarmState) -> list[float]:
+        """Upward ranks of the state's task (cached per task object)."""
+        key = id(state.task)
+        hit = self._ranks.get(key)
+        if hit is not None and hit[0] is state.task:
+            return hit[1]
+        r = upward_ranks(state.task, self.weights(state))
         self._ranks[key] = (state.task, r)
         return r
 

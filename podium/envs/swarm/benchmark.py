@@ -18,7 +18,7 @@ from podium.envs.swarm.env import EnvConfig, SwarmEnv
 from podium.envs.swarm.planner import make_scheduler
 from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.scheduling import SchedulingPolicy
-from podium.envs.swarm.scouting import SCOUT_SUFFIX, Scouting
+from podium.envs.swarm.scouting import SCOUT_SUFFIX, Scouting, base_policy
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, split_truth
 from podium.errors import ConfigError
 
@@ -183,11 +183,6 @@ def _policies_by_name(
             f"unknown policy {unknown[0]!r}; known: {known} (each also as NAME{SCOUT_SUFFIX})"
         )
     return {n: _build(n, extra) for n in names}
-
-
-def base_policy(name: str) -> str:
-    """``name`` without its scouting suffix (``learned+scout`` -> ``learned``)."""
-    return name.removesuffix(SCOUT_SUFFIX)
 
 
 def _build(name: str, extra: Mapping[str, SchedulingPolicy]) -> SchedulingPolicy:

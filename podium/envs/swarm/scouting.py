@@ -89,22 +89,19 @@ def scout_agent(
     pool: SubagentPool,
     stats: AgentStats,
     ranks: list[float],
+    weights: list[float],
     slot: int,
     chosen: int,
     config: ScoutConfig,
 ) -> int | None:
     """The agent to try on ``slot`` instead of ``chosen``, or None. ``pool`` is the estimated
-    pool (the state's agents in the same order) and ``ranks`` cpls's upward ranks on it."""
+    pool (the state's agents in the same order), ``ranks`` and ``weights`` cpls's upward ranks
+    and their weights on it."""
     kind = state.kind_of(slot)
     work = state.task.subtasks[slot].work
-    agents = range(pool.num_agents)
-    weights = [
-        min(pool.expected_time_to_success(a, s.kind, s.work) for a in agents)
-        for s in state.task.subtasks
-    ]
     room = slack(state, ranks, weights, slot) + weights[slot]
     best: tuple[float, int] | None = None
-    for agent in agents:
+    for agent in range(pool.num_agents):
         if agent == chosen:
             continue
         profile = pool.profile(agent, kind)
@@ -163,14 +160,19 @@ class Scouting:
         own = state.pool
         state.pool = pool  # ranks on the estimate, as cpls-online computes them
         try:
-            ranks = engine.ranks(state)
+            ranks, weights = engine.ranks(state), engine.weights(state)
         finally:
             state.pool = own
-        scout = scout_agent(state, pool, stats, ranks, slot, chosen, self.config)
+        scout = scout_agent(state, pool, stats, ranks, weights, slot, chosen, self.config)
         if scout is None:
             return step
         self.scouted += 1
         return PolicyStep(env.codec.start(slot, scout, 1))
 
 
-__all__ = ["SCOUT_SUFFIX", "ScoutConfig", "Scouting", "scout_agent", "slack"]
+def base_policy(name: str) -> str:
+    """``name`` without its scouting suffix (``learned+scout`` -> ``learned``)."""
+    return name.removesuffix(SCOUT_SUFFIX)
+
+
+__all__ = ["SCOUT_SUFFIX", "ScoutConfig", "Scouting", "base_policy", "scout_agent", "slack"]
