@@ -160,9 +160,10 @@ def next_version(artifacts_dir: str, model_repository: str = "") -> int:
     return max([0, *_versions(artifacts_dir), *_versions(model_repository)]) + 1
 
 
-def behaviour_clone(work_dir: Path, seed: int, say: Say) -> Path:
+def behaviour_clone(work_dir: Path, seed: int, say: Say, pool: Path | None = None) -> Path:
     """A behaviour clone of cpls: ``podium train`` with no PPO iteration on small tasks of
-    every kind (its ``best_checkpoint``)."""
+    every kind (its ``best_checkpoint``), for ``pool`` (a pool spec file; None = the shipped
+    default)."""
     from podium_app.train.config import TrainConfig
     from podium_app.train.job import train
 
@@ -172,6 +173,7 @@ def behaviour_clone(work_dir: Path, seed: int, say: Say) -> Path:
     config = TrainConfig(
         run_dir=run_dir,
         seed=seed,
+        pool=pool,
         suite_size=60,
         sizes=(5, 10),
         test_suite_size=6,

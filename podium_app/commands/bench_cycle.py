@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--window-s", type=float, default=None, help="measurement window (default: 1/12 of it)"
     )
     parser.add_argument("--checkpoint", type=Path, default=None, help="initial policy file")
+    parser.add_argument(
+        "--pool", type=Path, default=None, help="sub-agent pool spec (default: the shipped pool)"
+    )
     parser.add_argument("--bus", default="", help="kafka:// URL (default: a broker of its own)")
     parser.add_argument("--replicas", type=int, default=d.replicas, help="orchestrators")
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -75,6 +78,7 @@ def config_from(args: argparse.Namespace) -> CycleConfig:
         work_dir=args.work_dir,
         bus=args.bus,
         checkpoint=args.checkpoint,
+        pool=args.pool,
         duration_s=duration,
         drift_at_s=duration / 3 if args.drift_at_s is None else float(args.drift_at_s),
         drift=args.drift,
@@ -91,17 +95,21 @@ def config_from(args: argparse.Namespace) -> CycleConfig:
         drain_s=args.drain_s,
     )
     validate(config)
-    _check_drift(config.drift)
+    _check_pool_and_drift(config)
     return config
 
 
-def _check_drift(name: str) -> None:
+def _check_pool_and_drift(config: CycleConfig) -> None:
+    """The pool file parses and the drift scenario names only its agents and kinds."""
     from podium.envs.swarm.drift import load_drift
-    from podium.envs.swarm.spec import default_pool
     from podium.errors import SpecError
 
     try:
-        load_drift(name).check(default_pool())
+        pool = config.pool_spec()
+    except (SpecError, OSError) as exc:
+        raise ValueError(f"--pool: {exc}") from exc
+    try:
+        load_drift(config.drift).check(pool)
     except (SpecError, OSError) as exc:
         raise ValueError(f"--drift: {exc}") from exc
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from podium.envs.swarm.spec import PoolSpec, default_pool, load_pool
+
 RUNS = ("frozen", "continuous")
 """The two deployments a cycle bench compares, in the order they run (the frozen one first);
 each publishes the initial policy and makes it live (podium_app.bootstrap's shared steps)."""
@@ -22,6 +24,11 @@ class CycleConfig:
     checkpoint: Path | None = None
     """Initial policy (``policy.safetensors`` of a ``podium train`` run); None = a quick
     behaviour-cloned one trained by ``podium train`` code with no PPO iteration."""
+    pool: Path | None = None
+    """Pool spec of the sub-agents (``podium/data/pools`` format; every service gets it as
+    ``PODIUM_POOL_SPEC``): planners read its advertised profiles, the sub-agents and the
+    replayed references draw from its ``true:`` ones when it has them. None = the shipped
+    default pool."""
     duration_s: float = 600.0
     """Seconds of load per run (sessions are submitted over this span)."""
     drift_at_s: float = 200.0
@@ -56,6 +63,11 @@ class CycleConfig:
     """SIGTERM -> SIGKILL grace of every process."""
     python: str = ""
     """Interpreter of the service processes; empty = this one."""
+
+    def pool_spec(self) -> PoolSpec:
+        """The pool the run's sub-agents are (:attr:`pool`, else the shipped default); raises
+        :class:`~podium.errors.SpecError` naming a bad file's problem."""
+        return load_pool(self.pool) if self.pool is not None else default_pool()
 
     @property
     def windows(self) -> int:
@@ -100,6 +112,7 @@ def validate(config: CycleConfig) -> None:
             config.checkpoint is None or config.checkpoint.is_file(),
             f"--checkpoint: {config.checkpoint} is not a file",
         ),
+        (config.pool is None or config.pool.is_file(), f"--pool: {config.pool} is not a file"),
     ]
     for ok, message in checks:
         if not ok:

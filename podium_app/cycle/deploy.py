@@ -123,6 +123,7 @@ def learner_train_config(config: CycleConfig, run_dir: Path) -> TrainConfig:
     return TrainConfig(
         run_dir=run_dir,
         seed=config.seed,
+        pool=config.pool,
         iterations=200,
         episodes_per_iteration=config.learner_batch,
         # Live sessions are decided by the live version for a whole cycle: far more versions
@@ -149,8 +150,14 @@ class Deployment:
         self.processes = ServiceProcesses(self.run_dir / "logs", self.config.stop_timeout_s)
 
     async def _start(self, name: str, module: str, principal: str, env: dict[str, str]) -> None:
-        full = {**_base_env(self.conn, principal, name), **env}
+        full = {**_base_env(self.conn, principal, name), **self._pool_env(), **env}
         await self.processes.start(name, self.config.python or sys.executable, module, full)
+
+    def _pool_env(self) -> dict[str, str]:
+        """Every service reads the same pool file (the sub-agents its truth, the others its
+        advertisement); none = each one's shipped default."""
+        pool = self.config.pool
+        return {} if pool is None else {"PODIUM_POOL_SPEC": str(pool.resolve())}
 
     async def start_service(
         self, name: str, module: str, principal: str, env: dict[str, str]

@@ -37,7 +37,6 @@ from learner_svc.algorithms.swarm import SwarmSettings
 from podium import topics
 from podium.bus import KafkaBus
 from podium.envs.swarm.drift import load_drift
-from podium.envs.swarm.spec import default_pool
 from podium.errors import PodiumError
 from podium.policy.swarm import load_policy, resolve_checkpoint
 from podium.v1 import rollout_pb2
@@ -128,7 +127,7 @@ def initial_policy(config: CycleConfig, say: Say) -> Path:
     if config.checkpoint is not None:
         return config.checkpoint
     say("no --checkpoint:")
-    return behaviour_clone(config.work_dir, config.seed, say)
+    return behaviour_clone(config.work_dir, config.seed, say, pool=config.pool)
 
 
 def learner_of(config: CycleConfig, name: str, run_dir: Path, init: Path) -> SwarmSettings:
@@ -318,7 +317,8 @@ async def run_all(config: CycleConfig, init: Path, say: Say) -> dict[str, Any]:
     if main is not None:
         loop.add_signal_handler(signal.SIGTERM, main.cancel)
     _prepare(config)
-    tasks = cycle_tasks(config.tasks, config.seed)
+    pool = config.pool_spec()
+    tasks = cycle_tasks(config.tasks, config.seed, pool)
     plan = plan_sessions(tasks, config.sessions, config.rate, config.seed, config.explore_share)
     results: dict[str, RunResult] = {}
     async with connection(config, say) as conn:
@@ -332,7 +332,7 @@ async def run_all(config: CycleConfig, init: Path, say: Say) -> dict[str, Any]:
     net, _trained_for = load_policy(resolve_checkpoint(init))
     arms = REFERENCE_ARMS | frozen_store_arm(net)
     refs = await asyncio.to_thread(
-        replay_ratios, plan, default_pool(), load_drift(config.drift), config.drift_at_s, arms
+        replay_ratios, plan, pool, load_drift(config.drift), config.drift_at_s, arms
     )
     rows = window_table(
         plan, {n: r.ratios for n, r in results.items()}, refs, config.window_s, config.windows

@@ -29,7 +29,7 @@ from typing import Any
 
 from podium.envs.swarm import SwarmEnv, TaskSpec
 from podium.envs.swarm.drift import DriftSchedule
-from podium.envs.swarm.generator import generate_suite
+from podium.envs.swarm.generator import DEFAULT_KINDS, generate_suite
 from podium.envs.swarm.spec import PoolSpec
 from podium.errors import ConfigError
 from podium.observed import AgentStats
@@ -92,10 +92,16 @@ class PlannedSession:
     measured sessions are the others (decided greedily, as users get them)."""
 
 
-def cycle_tasks(n: int, seed: int) -> list[TaskSpec]:
-    """The load's tasks: ``n`` small random DAGs (5-10 subtasks) over every kind, so sessions
-    last a fraction of a second and every specialist is needed."""
-    return generate_suite(n, seed=seed, sizes=(5, 10))
+def cycle_tasks(n: int, seed: int, pool: PoolSpec | None = None) -> list[TaskSpec]:
+    """The load's tasks: ``n`` small random DAGs (5-10 subtasks) over every kind of ``pool``
+    (default: the shipped kinds), so sessions last a fraction of a second and every specialist
+    is needed. The shipped kinds keep their order, so a pool of the same kinds gets the same
+    tasks as the default one."""
+    if pool is None:
+        return generate_suite(n, seed=seed, sizes=(5, 10))
+    kinds = [k for k in DEFAULT_KINDS if k in pool.kinds]
+    kinds += [k for k in pool.kinds if k not in DEFAULT_KINDS]
+    return generate_suite(n, seed=seed, sizes=(5, 10), kinds=kinds)
 
 
 def plan_sessions(

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from podium.envs.swarm.drift import load_drift
-from podium.envs.swarm.spec import default_pool
+from podium.envs.swarm.spec import default_pool, default_pool_path, load_pool, parse_pool
 from podium.rollout.twins import rule_twin
 from podium_app.cli import main
 from podium_app.cycle.config import CycleConfig, validate
+from podium_app.cycle.deploy import learner_train_config
 from podium_app.cycle.load import index_of, session_id
 from podium_app.cycle.measure import (
     FROZEN_STORE,
@@ -32,6 +33,8 @@ from podium_app.cycle.measure import (
 )
 from podium_app.cycle.report import table_text, write_report
 
+POOLS = default_pool_path().parent
+
 
 @pytest.mark.parametrize(
     ("flags", "named"),
@@ -46,6 +49,7 @@ from podium_app.cycle.report import table_text, write_report
         (["--bus", "inproc://"], "--bus"),
         (["--checkpoint", "/nonexistent/policy.safetensors"], "--checkpoint"),
         (["--drift", "no-such-scenario"], "--drift"),
+        (["--pool", "/nonexistent/pool.yaml"], "--pool"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(
@@ -56,6 +60,66 @@ def test_bad_flags_exit_2_naming_the_flag(
     assert code == 2
     assert len(err) == 1 and named in err[0], err
     assert not (tmp_path / "kafka").exists()  # nothing was started
+
+
+def test_a_pool_that_does_not_parse_or_lacks_the_drifting_agent_exits_2_naming_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: broken\nagents: []\n")
+    no_qa = tmp_path / "no-qa.yaml"
+    no_qa.write_text(
+        "name: no-qa\nagents:\n  - name: tester\n    kinds:\n"
+        "      test: {speed: 1.0, success: 0.9, noise: 0.1}\n"
+    )
+    flags = ["bench", "cycle", "--work-dir", str(tmp_path), "--drift", "flaky-agent"]
+    for pool, named, problem in [(broken, "--pool", "agents"), (no_qa, "--drift", "qa")]:
+        code = main([*flags, "--pool", str(pool)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2
+        assert len(err) == 1 and named in err[0] and problem in err[0], err
+    assert not (tmp_path / "kafka").exists()
+
+
+def test_a_pool_of_the_shipped_kinds_gets_the_shipped_tasks_and_others_their_own() -> None:
+    misadvertised = load_pool(POOLS / "misadvertised.yaml")
+    assert [t.name for t in cycle_tasks(4, 3, misadvertised)] == [t.name for t in cycle_tasks(4, 3)]
+    assert [t.subtasks for t in cycle_tasks(4, 3, misadvertised)] == [
+        t.subtasks for t in cycle_tasks(4, 3)
+    ]
+    odd = parse_pool(
+        {
+            "name": "odd",
+            "agents": [
+                {"name": "a", "kinds": {"test": {"speed": 1.0, "success": 0.9, "noise": 0.1}}},
+                {"name": "b", "kinds": {"lint": {"speed": 1.0, "success": 0.9, "noise": 0.1}}},
+            ],
+        }
+    )
+    kinds = {s.kind for t in cycle_tasks(6, 0, odd) for s in t.subtasks}
+    assert kinds == {"test", "lint"}
+
+
+def test_every_service_and_the_learner_get_the_pool(tmp_path: Path) -> None:
+    pool = POOLS / "misadvertised.yaml"
+    config = CycleConfig(work_dir=tmp_path, pool=pool)
+    assert config.pool_spec().name == "misadvertised"
+    assert learner_train_config(config, tmp_path).pool == pool
+    assert CycleConfig().pool_spec().name == default_pool().name
+    assert learner_train_config(CycleConfig(), tmp_path).pool is None
+
+
+def test_the_references_draw_from_the_pools_true_profiles() -> None:
+    # On the misadvertised pool cpls believes backend's advertisement (truly flaky) while
+    # cpls-online learns it from its store: the replay must use the truth to show that.
+    pool = load_pool(POOLS / "misadvertised.yaml")
+    plan = plan_sessions(cycle_tasks(4, 0, pool), 48, 4.0, 0)
+    refs = reference_ratios(plan, pool, load_drift("none"), 6.0)
+    on_default = reference_ratios(
+        plan_sessions(cycle_tasks(4, 0), 48, 4.0, 0), default_pool(), load_drift("none"), 6.0
+    )
+    assert sum(refs["cpls"]) > 1.2 * sum(on_default["cpls"])
+    assert sum(refs["cpls-online"]) < sum(refs["cpls"])
 
 
 def test_default_config_is_valid() -> None:
