@@ -182,6 +182,10 @@ class Deployment:
                     "PODIUM_POLICY": "learned",
                     "PODIUM_ROLLOUT": "controlled",
                     "PODIUM_AGENT_STATS": "true",
+                    # Each run's store learns from its own sessions only, as the replayed
+                    # references' do: one broker serves both runs, so a warm start would read
+                    # the frozen run's trajectories (its post-drift ones) into the continuous.
+                    "PODIUM_AGENT_STATS_WARM": "0",
                     "PODIUM_POLICY_TRUSTED_KEYS": keys,
                     "PODIUM_SESSION_TIMEOUT_S": "60",
                 },

@@ -79,6 +79,10 @@ def test_bench_cycle_end_to_end(kafka_bootstrap: str, tmp_path: Path) -> None:
     assert continuous["controller_proposed"] >= 1, continuous["transitions"]
     assert result["runs"]["frozen"]["controller_proposed"] == 0
     assert (report / "report.html").is_file() and (report / "latency.png").is_file()
+    # One broker serves both runs: the continuous run's stores must not start from the frozen
+    # run's trajectories (the orchestrators' warm start is off in the bench).
+    for orch in sorted((tmp_path / "work" / "continuous" / "logs").glob("orch-*.log")):
+        assert "agent stats warmed from" not in orch.read_text(errors="replace"), orch
 
 
 def _logs_of(run_dir: Path, processes: dict[str, int]) -> str:
