@@ -30,8 +30,9 @@ import logging
 import math
 import random
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,6 +44,9 @@ from podium.envs.swarm.scheduling import PolicyStep, Rng
 from podium.envs.swarm.spec import SPLIT_FACTORS
 from podium.envs.swarm.state import SwarmState
 from podium.errors import ConfigError
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 if TYPE_CHECKING:
     from podium.envs.swarm.env import SwarmEnv
@@ -175,6 +179,17 @@ class GreedyPolicy(RuleEngine):
         return self._idle(state)
 
 
+def _memo(cache: dict[K, tuple[object, V]], key: K, owner: object, make: Callable[[], V]) -> V:
+    """``make()``, cached in ``cache`` under ``key`` for as long as ``owner`` is the object
+    stored with it (keys are ``id``s, which a dead object's successor may reuse)."""
+    hit = cache.get(key)
+    if hit is not None and hit[0] is owner:
+        return hit[1]
+    value = make()
+    cache[key] = (owner, value)
+    return value
+
+
 class CplsPolicy(RuleEngine):
     """Critical-path list scheduling (HEFT-style).
 
@@ -198,49 +213,43 @@ class CplsPolicy(RuleEngine):
     def agent_order(self, state: SwarmState, kind: str) -> list[int]:
         """Agents for ``kind`` best-first by expected time to success (cached per pool: the
         environment asks for it at every step when it computes its advice features)."""
-        key = (id(state.pool), kind)
-        hit = self._orders.get(key)
-        if hit is not None and hit[0] is state.pool:
-            return hit[1]
-        order = _agents_by(state, kind, "ets")
-        self._orders[key] = (state.pool, order)
-        return order
+        return _memo(
+            self._orders, (id(state.pool), kind), state.pool, lambda: _agents_by(state, kind, "ets")
+        )
 
     def weights(self, state: SwarmState) -> list[float]:
         """Each subtask's least expected time to success over the agents: the weights of the
         upward ranks (cached per task object)."""
-        key = id(state.task)
-        hit = self._weights.get(key)
-        if hit is not None and hit[0] is state.task:
-            return hit[1]
         pool = state.pool
-        w = [
-            min(pool.expected_time_to_success(a, s.kind, s.work) for a in range(pool.num_agents))
-            for s in state.task.subtasks
-        ]
-        self._weights[key] = (state.task, w)
-        return w
+        return _memo(
+            self._weights,
+            id(state.task),
+            state.task,
+            lambda: [
+                min(
+                    pool.expected_time_to_success(a, s.kind, s.work) for a in range(pool.num_agents)
+                )
+                for s in state.task.subtasks
+            ],
+        )
 
     def ranks(self, state: SwarmState) -> list[float]:
         """Upward ranks of the state's task (cached per task object)."""
-        key = id(state.task)
-        hit = self._ranks.get(key)
-        if hit is not None and hit[0] is state.task:
-            return hit[1]
-        r = upward_ranks(state.task, self.weights(state))
-        self._ranks[key] = (state.task, r)
-        return r
+        return _memo(
+            self._ranks,
+            id(state.task),
+            state.task,
+            lambda: upward_ranks(state.task, self.weights(state)),
+        )
 
     def priority(self, state: SwarmState) -> list[int]:
         """Slots by decreasing upward rank, ties by slot (cached per task object)."""
-        key = id(state.task)
-        hit = self._priority.get(key)
-        if hit is not None and hit[0] is state.task:
-            return hit[1]
-        ranks = self.ranks(state)
-        order = sorted(range(state.num_slots), key=lambda s: (-ranks[s], s))
-        self._priority[key] = (state.task, order)
-        return order
+
+        def order() -> list[int]:
+            ranks = self.ranks(state)
+            return sorted(range(state.num_slots), key=lambda s: (-ranks[s], s))
+
+        return _memo(self._priority, id(state.task), state.task, order)
 
     def decide(self, state: SwarmState, rng: Rng = None) -> Command:
         free = state.free
