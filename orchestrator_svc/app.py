@@ -68,6 +68,7 @@ from podium.bus.consumer import EventConsumer, EventPublisher, Handler, encode_r
 from podium.codec import unpack_as
 from podium.envs.swarm.env import EnvConfig, SwarmEnv
 from podium.envs.swarm.pool import SubagentPool
+from podium.envs.swarm.scouting import ScoutConfig
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, default_pool, load_pool, parse_task
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.errors import AdmissionError, ConfigError, ProcessingError, SpecError
@@ -237,6 +238,7 @@ class OrchestratorApp:
             sample_prefixes=self.config.policy_sample_from,
             explore_share=self.config.explore_share,
             backend=self._served_backend(self.config),
+            scout=ScoutConfig() if self.config.scout else None,
         )
         return self.learned.cold_start
 

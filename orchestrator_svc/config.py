@@ -128,6 +128,13 @@ class OrchestratorConfig(ServiceConfig, GrpcSecurityConfig):
     sampled (``actions=sampled``), so the learner learns from live traffic without a
     ``trainer`` client. Canary and baseline sessions never explore (their guardrail
     comparison stays greedy against greedy)."""
+    scout: bool = env("PODIUM_SCOUT", default=False)
+    """Learned policy: every session that takes the argmax also *scouts*
+    (:mod:`podium.envs.swarm.scouting`): a start goes to a capable agent the statistics store
+    has seen fewer than two times on that kind instead, where the schedule's slack absorbs
+    that agent's expected time twice over, so an agent better than it advertises is found
+    without lengthening the critical path. Sampled sessions never scout; without the
+    statistics store (``PODIUM_AGENT_STATS=off``) nothing is scouted (and it says so once)."""
     policy_max_subtasks: int = env("PODIUM_POLICY_MAX_SUBTASKS", default=64, parse=positive_int)
     """Learned policy: environment slot count S for versions whose metadata does not say which
     S they were trained with (the running-table features are scaled by it)."""

@@ -28,7 +28,11 @@ prefixes, ``trainer`` by default) *sample* from the policy, so PPO sees the expl
 log-probabilities describe; so does the exploration share of live-arm sessions
 (``PODIUM_EXPLORE_SHARE``, :func:`explores`: a hash of the session id, so the learner learns
 from live traffic with no trainer client); every other session (live gRPC traffic,
-evaluation, canary and baseline arms) takes the argmax. Each learned session records, per decision, exactly what the embedded trainer records
+evaluation, canary and baseline arms) takes the argmax. With ``PODIUM_SCOUT=on`` an argmax
+session also *scouts* (:class:`ScoutedSessionPolicy`, :mod:`podium.envs.swarm.scouting`): a
+start the network chooses goes to an agent the statistics store has hardly seen where the
+schedule's slack absorbs it, so an agent better than it advertises gets found; sampled
+sessions never scout (their actions must be the network's own for PPO). Each learned session records, per decision, exactly what the embedded trainer records
 (:func:`podium.policy.rollout.run_episodes`), with the same
 :class:`~podium.policy.decisions.EpisodeRecorder`: the observation trimmed to the task's
 subtasks, the trimmed action mask, the action in the trimmed layout, log π(a|s) and V(s). The
@@ -70,6 +74,7 @@ from numpy.typing import NDArray
 from orchestrator_svc.policy import TrainingRecord
 from podium.envs.swarm import EnvConfig, PolicyStep, Rng, SchedulingPolicy, SwarmEnv, baselines
 from podium.envs.swarm.observation import ObservationLayout
+from podium.envs.swarm.scouting import ScoutConfig, Scouting
 from podium.envs.swarm.trajectory import ACTIONS_LABEL, ARGMAX, SAMPLED
 from podium.errors import ArtifactError, ProcessingError
 from podium.policy.agent import ActResult, SwarmAgent, guard_mask
@@ -207,6 +212,37 @@ class SessionLearnedPolicy:
         return self.version
 
 
+SCOUTED_LABEL = "scouted"
+"""Trajectory label of a scouting session: how many of its decisions the scout changed."""
+
+
+class ScoutedSessionPolicy(Scouting):
+    """A session's argmax learned policy with scouting (``PODIUM_SCOUT=on``): the network
+    decides (:attr:`session_policy`, local or served) and :class:`Scouting` may send a start
+    to an untried agent where the slack allows.
+
+    A changed decision is the rule layer's, not the network's, so a session with any carries
+    no training tensors (its recorded actions would not be the ones taken) and the label
+    :data:`SCOUTED_LABEL`; the learner never trains on argmax sessions anyway, and the
+    decisions' versions stay the network's."""
+
+    def __init__(self, policy: SessionLearnedPolicy, config: ScoutConfig) -> None:
+        super().__init__(policy, config)
+        self.session_policy = policy
+
+    def env_config(self, n_subtasks: int) -> EnvConfig:
+        """The wrapped policy's (:meth:`SessionLearnedPolicy.env_config`)."""
+        return self.session_policy.env_config(n_subtasks)
+
+    def training_record(self, rewards: Sequence[float]) -> TrainingRecord:
+        """The wrapped policy's record; without tensors once a decision was scouted."""
+        record = self.session_policy.training_record(rewards)
+        if not self.scouted:
+            return record
+        labels = {**record.labels, SCOUTED_LABEL: str(self.scouted)}
+        return TrainingRecord(record.policy_version, labels=labels)
+
+
 class SessionServedPolicy(SessionLearnedPolicy):
     """A session's learned policy whose network runs on a KServe-V2 server.
 
@@ -313,10 +349,12 @@ class LearnedPolicySource:
         explore_share: float = 0.0,
         backend: ServedPolicy | None = None,
         keep_newest: int = KEEP_NEWEST,
+        scout: ScoutConfig | None = None,
     ) -> None:
         """``trusted``: the keys announcements must be signed by (``PODIUM_POLICY_TRUSTED_KEYS``,
         :meth:`TrustedKeys.load`). ``backend`` None: decisions run in this process (torch);
-        else on that server. ``keep_newest``: loaded versions kept beyond the pinned ones."""
+        else on that server. ``keep_newest``: loaded versions kept beyond the pinned ones.
+        ``scout``: argmax sessions scout with it (``PODIUM_SCOUT=on``); None: none does."""
         self.agents = agents
         """This orchestrator's pool (versions trained on another one are accepted: logged)."""
         self.default_max_subtasks = default_max_subtasks
@@ -325,6 +363,8 @@ class LearnedPolicySource:
         """Share of live-arm sessions that sample whoever submitted them (:func:`explores`)."""
         self.backend = backend
         """The served backend (``PODIUM_POLICY_BACKEND=v2://...``), None for local torch."""
+        self.scout = scout
+        """How argmax sessions scout (:class:`ScoutedSessionPolicy`); None: they do not."""
         self.cold_start: SchedulingPolicy = baselines.make_policy(COLD_START_RULE)
         self.holder: PolicyHolder[SwarmPolicy] = PolicyHolder(self._build, trusted)
         self.keep_newest = keep_newest
@@ -433,9 +473,14 @@ class LearnedPolicySource:
         # Seeded sessions sample reproducibly; unseeded ones get fresh randomness.
         seed = int(submitted.seed) or random.SystemRandom().getrandbits(63)
         sample = self.samples(submitted, explore=explore)
-        if self.backend is not None:
-            return SessionServedPolicy(served, self.backend, sample=sample, seed=seed)
-        return SessionLearnedPolicy(served, sample=sample, seed=seed)
+        policy = (
+            SessionServedPolicy(served, self.backend, sample=sample, seed=seed)
+            if self.backend is not None
+            else SessionLearnedPolicy(served, sample=sample, seed=seed)
+        )
+        if self.scout is None or sample:
+            return policy
+        return ScoutedSessionPolicy(policy, self.scout)
 
     async def on_policy_updated(self, event: reward_pb2.PolicyUpdated) -> bool:
         """Load an announced version (other models' events are ignored: False)."""

@@ -141,7 +141,18 @@ class Scouting:
         return self.policy.version
 
     def act(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
-        step = self.policy.act(env, rng)
+        return self.revise(env, self.policy.act(env, rng))
+
+    async def act_async(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
+        """:meth:`act` for a policy that decides remotely (it has ``act_async``: a served
+        network's round trip stays off the event loop); any other is called directly."""
+        act_async = getattr(self.policy, "act_async", None)
+        step = await act_async(env, rng) if act_async is not None else self.policy.act(env, rng)
+        return self.revise(env, step)
+
+    def revise(self, env: SwarmEnv, step: PolicyStep) -> PolicyStep:
+        """``step`` (the wrapped policy's decision on ``env`` now), or a start of the same
+        subtask on an untried agent where the slack allows (see the module doc)."""
         stats = getattr(env, "stats", None)
         if stats is None:
             if not self._warned:

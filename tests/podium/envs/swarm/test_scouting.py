@@ -12,7 +12,7 @@ import pytest
 from podium.envs.swarm import EnvConfig, SwarmEnv, default_tasks, load_pool, make_policy
 from podium.envs.swarm.baselines import CplsOnlinePolicy
 from podium.envs.swarm.benchmark import bench_scheduling, warm_up
-from podium.envs.swarm.scheduling import SchedulingPolicy
+from podium.envs.swarm.scheduling import PolicyStep, Rng, SchedulingPolicy
 from podium.envs.swarm.scouting import ScoutConfig, Scouting, slack
 from podium.envs.swarm.spec import TaskSpec, default_pool_path, parse_task, split_truth
 from podium.errors import ConfigError
@@ -156,3 +156,39 @@ def test_the_committed_misadvertised_policy_loads_and_scouts_on_the_pool() -> No
     latencies = [_latency(env, scouting, "layered-15", seed) for seed in range(3)]
     assert all(0 < latency < float("inf") for latency in latencies)
     assert scouting.scouted >= 1 and stats.observed("qa-fast", "test") >= 1
+
+
+class _Remote:
+    """A policy deciding "elsewhere": only its ``act_async`` may be awaited (the served path)."""
+
+    def __init__(self, inner: SchedulingPolicy) -> None:
+        self.inner, self.awaited = inner, 0
+        self.name, self.version = inner.name, inner.version
+
+    def act(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
+        raise AssertionError("a remote policy's act must not block the event loop")
+
+    async def act_async(self, env: SwarmEnv, rng: Rng = None) -> PolicyStep:
+        self.awaited += 1
+        return self.inner.act(env, rng)
+
+
+async def test_a_remote_policy_is_awaited_and_scouted_as_the_local_one_is() -> None:
+    """``act_async`` awaits a remote policy's decision and revises it exactly as ``act`` does."""
+    env, stats = _warmed()
+    twin_stats = stats.copy()
+    remote = _Remote(CplsOnlinePolicy())
+    local_scout, remote_scout = Scouting(CplsOnlinePolicy()), Scouting(remote)
+    twin = _env(stats=twin_stats)
+    for seed in range(6):
+        for e in (env, twin):
+            e.reset(seed=seed, options={"task": "layered-15"})
+        done = False
+        while not done:
+            a = local_scout.act(env).action
+            assert (await remote_scout.act_async(twin)).action == a
+            _, _, term, trunc, _ = env.step(a)
+            twin.step(a)
+            done = term or trunc
+    assert remote.awaited > 0
+    assert remote_scout.scouted == local_scout.scouted >= 1
