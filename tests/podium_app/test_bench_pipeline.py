@@ -24,12 +24,17 @@ from pathlib import Path
 import pytest
 
 from learner_svc.algorithms.swarm import swarm_layout
+from podium import topics
+from podium.bus import InProcBus
+from podium.bus.base import Headers, RecordMetadata
+from podium.envs.swarm import default_tasks
 from podium.envs.swarm.spec import default_pool
 from podium.errors import PodiumError
 from podium.policy.agent import SwarmAgent
 from podium.policy.swarm import save_policy
 from podium_app.pipeline import (
     SERVICE,
+    Load,
     LoadedVersions,
     LoopCpu,
     PipelineConfig,
@@ -131,6 +136,39 @@ async def test_loop_cpu_charges_each_service_its_own_work() -> None:
     charged = dict(cpu.by_service)
     await work(0.05)
     assert cpu.by_service == charged
+
+
+class _SlowBus(InProcBus):
+    """An in-process bus whose publishes take a while, and which counts those that landed."""
+
+    landed = 0
+
+    async def publish(
+        self, topic: str, value: bytes, *, key: bytes | str | None = None, headers: Headers = ()
+    ) -> RecordMetadata:
+        await asyncio.sleep(0.01)
+        metadata = await super().publish(topic, value, key=key, headers=headers)
+        if topic == topics.TASKS:
+            self.landed += 1
+        return metadata
+
+
+async def test_a_stopped_steady_load_counted_every_session_it_published() -> None:
+    """The version pick-up's load is stopped, not cancelled mid-publish: a session published
+    but not counted finished as one more than was submitted (finished 51 of 50, in CI)."""
+    bus = _SlowBus()
+    await bus.start()
+    try:
+        load = Load(bus, "steady", default_tasks()[:2], seed=0)
+        for pause in (0.05, 0.13, 0.2):
+            stop = asyncio.Event()
+            loader = asyncio.create_task(load.steady(200.0, stop))
+            await asyncio.sleep(pause)
+            stop.set()
+            await asyncio.wait_for(loader, 5)
+            assert load.submitted == bus.landed > 0
+    finally:
+        await bus.stop()
 
 
 def test_loaded_versions_are_read_from_the_log_and_the_records_alike() -> None:
