@@ -4,7 +4,8 @@ frozen one vs the rule engines (docs/cycle.md).
 Starts a local secured Kafka broker (or uses ``--bus``), the services as processes, and runs the
 same load twice: *frozen* (the initial policy live, never replaced) and *continuous* (the
 learner publishing candidates, the rollout controller shipping them in compressed cycles). The
-drift (``--drift``) bites ``--drift-at-s`` into each load. Per window of ``--window-s``: each
+drift (``--drift``) bites ``--drift-at-s`` into each load; ``--drift-target preferred`` first
+aims it at the agents the initial policy relies on then (``config.drift_aimed`` in the JSON). Per window of ``--window-s``: each
 run's mean latency/bound and the rule engines' (cpls, cpls-online) on the same sessions in the
 simulator on the true pool at that time; the acceptance verdicts; ``--json`` and ``--report``.
 
@@ -41,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--drift-at-s", type=float, default=None, help="when the drift bites (default: 1/3 in)"
     )
     parser.add_argument("--drift", default=d.drift, help="drift scenario: a name or a file")
+    parser.add_argument(
+        "--drift-target",
+        default=d.drift_target,
+        help="named: the scenario's agents; preferred: the agents the initial policy uses most "
+        "for the kinds it names when the drift bites",
+    )
     parser.add_argument("--rate", type=float, default=d.rate, help="sessions per second")
     parser.add_argument(
         "--window-s", type=float, default=None, help="measurement window (default: 1/12 of it)"
@@ -82,6 +89,7 @@ def config_from(args: argparse.Namespace) -> CycleConfig:
         duration_s=duration,
         drift_at_s=duration / 3 if args.drift_at_s is None else float(args.drift_at_s),
         drift=args.drift,
+        drift_target=args.drift_target,
         rate=args.rate,
         window_s=duration / 12 if args.window_s is None else float(args.window_s),
         replicas=args.replicas,

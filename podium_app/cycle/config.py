@@ -8,6 +8,8 @@ from pathlib import Path
 from podium.envs.swarm.spec import PoolSpec, default_pool, load_pool
 
 RUNS = ("frozen", "continuous")
+DRIFT_TARGETS = ("named", "preferred")
+"""Values of ``--drift-target`` (:attr:`CycleConfig.drift_target`)."""
 """The two deployments a cycle bench compares, in the order they run (the frozen one first);
 each publishes the initial policy and makes it live (podium_app.bootstrap's shared steps)."""
 
@@ -35,6 +37,12 @@ class CycleConfig:
     """Seconds into the load at which the drift scenario's first change takes effect."""
     drift: str = "slow-specialist"
     """Drift scenario of the sub-agents (a shipped name or a file, ``podium/data/drift``)."""
+    drift_target: str = "named"
+    """Which agents the drift hits: ``named``, the scenario's own; ``preferred``, for each
+    (agent, kind) it names, the agent the initial policy had run that kind on most when the
+    drift bites (a simulator replay of the load's sessions before it,
+    :func:`~podium_app.cycle.measure.preferred_drift`), so the drift bites whatever the task
+    mix led the stores to prefer."""
     rate: float = 2.0
     """Sessions submitted per second, steadily."""
     window_s: float = 50.0
@@ -88,6 +96,11 @@ def validate(config: CycleConfig) -> None:
             0 < config.drift_at_s < config.duration_s,
             f"--drift-at-s: must be inside the load (0, {config.duration_s:g})",
         ),
+        (
+            config.drift_target in DRIFT_TARGETS,
+            f"--drift-target: must be one of {', '.join(DRIFT_TARGETS)}, "
+            f"got {config.drift_target!r}",
+        ),
         (config.rate > 0, "--rate: must be > 0 sessions per second"),
         (
             0 < config.window_s <= config.duration_s,
@@ -119,4 +132,4 @@ def validate(config: CycleConfig) -> None:
             raise ValueError(message)
 
 
-__all__ = ["RUNS", "CycleConfig", "validate"]
+__all__ = ["DRIFT_TARGETS", "RUNS", "CycleConfig", "validate"]

@@ -25,19 +25,22 @@ import contextlib
 import shutil
 import signal
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
 import grpc.aio
+import yaml
 
 from learner_svc.algorithms.swarm import SwarmSettings
 from podium import topics
 from podium.bus import KafkaBus
-from podium.envs.swarm.drift import load_drift
+from podium.envs.swarm.drift import drift_document, load_drift
+from podium.envs.swarm.spec import PoolSpec
 from podium.errors import PodiumError
+from podium.policy.network import SwarmPolicyNet
 from podium.policy.swarm import load_policy, resolve_checkpoint
 from podium.v1 import rollout_pb2
 from podium_app.bootstrap import (
@@ -62,7 +65,9 @@ from podium_app.cycle.measure import (
     cycle_tasks,
     frozen_store_arm,
     plan_sessions,
+    preferred_drift,
     replay_ratios,
+    store_at_drift,
     verdicts,
     window_table,
 )
@@ -309,6 +314,21 @@ def _prepare(config: CycleConfig) -> None:
     config.work_dir.mkdir(parents=True, exist_ok=True)
 
 
+def aim_drift(
+    config: CycleConfig, plan: Sequence[PlannedSession], pool: PoolSpec, net: SwarmPolicyNet
+) -> tuple[CycleConfig, list[str]]:
+    """``--drift-target preferred``: the scenario aimed at the agents the initial policy (``net``)
+    prefers when the drift bites (:func:`preferred_drift` on :func:`store_at_drift`), written
+    to ``drift.yaml`` in the work directory; the config that runs it, and what was aimed where.
+    Both runs and the replayed references then drift the same agents."""
+    schedule = load_drift(config.drift)
+    stats = store_at_drift(plan, pool, schedule, config.drift_at_s, net)
+    aimed, said = preferred_drift(schedule, pool, stats)
+    path = config.work_dir / "drift.yaml"
+    path.write_text(yaml.safe_dump(drift_document(aimed), sort_keys=False))
+    return replace(config, drift=str(path)), said
+
+
 async def run_all(config: CycleConfig, init: Path, say: Say) -> dict[str, Any]:
     """Both runs and the measurements (see the module docstring); the result JSON."""
     # SIGTERM (a supervisor, kill) cancels the run, so every finally below stops what it started.
@@ -320,6 +340,12 @@ async def run_all(config: CycleConfig, init: Path, say: Say) -> dict[str, Any]:
     pool = config.pool_spec()
     tasks = cycle_tasks(config.tasks, config.seed, pool)
     plan = plan_sessions(tasks, config.sessions, config.rate, config.seed, config.explore_share)
+    net, _trained_for = load_policy(resolve_checkpoint(init))
+    aimed: list[str] = []
+    if config.drift_target == "preferred":
+        config, aimed = await asyncio.to_thread(aim_drift, config, plan, pool, net)
+        for line in aimed:
+            say(f"drift aimed at the preferred agent: {line}")
     results: dict[str, RunResult] = {}
     async with connection(config, say) as conn:
         # Always frozen first, whatever the flag's order: it must not inherit a promoted version.
@@ -329,7 +355,6 @@ async def run_all(config: CycleConfig, init: Path, say: Say) -> dict[str, Any]:
         "rule engines and the initial policy on a store frozen at the drift, on the same "
         "sessions (simulator, true pool at each session's time)"
     )
-    net, _trained_for = load_policy(resolve_checkpoint(init))
     arms = REFERENCE_ARMS | frozen_store_arm(net)
     refs = await asyncio.to_thread(
         replay_ratios, plan, pool, load_drift(config.drift), config.drift_at_s, arms
@@ -344,7 +369,7 @@ async def run_all(config: CycleConfig, init: Path, say: Say) -> dict[str, Any]:
             for k, v in asdict(config).items()
             if k != "python"
         }
-        | {"initial_policy": str(init), "tail_windows": tail_windows},
+        | {"initial_policy": str(init), "tail_windows": tail_windows, "drift_aimed": aimed},
         "windows": rows,
         "runs": {n: r.summary() for n, r in results.items()},
         "verdicts": verdicts(rows, config.drift_at_s, tail_windows),

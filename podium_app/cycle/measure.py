@@ -28,9 +28,9 @@ from statistics import fmean
 from typing import Any
 
 from podium.envs.swarm import SwarmEnv, TaskSpec
-from podium.envs.swarm.drift import DriftSchedule
+from podium.envs.swarm.drift import DriftChange, DriftSchedule
 from podium.envs.swarm.generator import DEFAULT_KINDS, generate_suite
-from podium.envs.swarm.spec import PoolSpec
+from podium.envs.swarm.spec import WILDCARD_KIND, PoolSpec
 from podium.errors import ConfigError
 from podium.observed import AgentStats
 from podium.policy.agent import SwarmAgent
@@ -196,12 +196,18 @@ def replay_ratios(
     drift_at_s: float,
     arms: Mapping[str, Replayed],
     chunk: int = 64,
+    stores: dict[str, AgentStats | None] | None = None,
 ) -> dict[str, list[float]]:
     """Per arm, each planned session's latency/bound (plan order), replayed in the simulator
-    on the true pool of its submission time."""
+    on the true pool of its submission time. ``stores``: a dict the arms' statistics stores
+    are left in (by arm name), for a caller that wants what the sessions showed."""
     truth = nominal.true_spec()
     out: dict[str, list[float]] = {name: [] for name in arms}
-    stores = {name: None if arm.store == "none" else AgentStats() for name, arm in arms.items()}
+    if stores is None:
+        stores = {}
+    stores.update(
+        {name: None if arm.store == "none" else AgentStats() for name, arm in arms.items()}
+    )
     # In submission order, a chunk at a time and one drift phase per run: a store then holds
     # what its own earlier sessions showed it, as a deployment's would.
     for i, j, t in _phase_groups(plan, schedule, drift_at_s, chunk):
@@ -233,6 +239,68 @@ def frozen_store_arm(net: SwarmPolicyNet) -> dict[str, Replayed]:
     that reads observed estimates then recovers from a drift the observations show without
     any new weights, and that run alone cannot tell the learner's part."""
     return {FROZEN_STORE: Replayed(learned_twin("1", net), "until-drift")}
+
+
+def store_at_drift(
+    plan: Sequence[PlannedSession],
+    nominal: PoolSpec,
+    schedule: DriftSchedule,
+    drift_at_s: float,
+    net: SwarmPolicyNet,
+) -> AgentStats:
+    """What the initial policy (``net``) has seen of the agents when the drift bites: the
+    statistics store its own sessions before ``drift_at_s`` feed, replayed in the simulator
+    (the :func:`frozen_store_arm`'s store at the drift; a deployment's store before the drift
+    holds the same sessions, the same luck)."""
+    before = [s for s in plan if s.at_s < drift_at_s]
+    stores: dict[str, AgentStats | None] = {}
+    if before:
+        replay_ratios(before, nominal, schedule, drift_at_s, frozen_store_arm(net), stores=stores)
+    return stores.get(FROZEN_STORE) or AgentStats()
+
+
+def preferred_drift(
+    schedule: DriftSchedule, nominal: PoolSpec, stats: AgentStats
+) -> tuple[DriftSchedule, list[str]]:
+    """``schedule`` aimed at what the policy relies on: each (agent, kind) a change hits (every
+    kind the named agent declares when the change names none) is moved to the agent ``stats``
+    has observed doing that kind most (decayed executions; ties to the named agent, then pool
+    order), among the agents that can do it. A drift of an agent nobody routes to bites nobody
+    that reads observations; this one bites every policy whose store stopped at the drift.
+
+    Returns the new schedule (named ``<name>@preferred``) and one line per (agent, kind) saying
+    where it went and on what evidence."""
+    agents = {a.name: a for a in nominal.agents}
+    changes: list[DriftChange] = []
+    said: list[str] = []
+    for change in schedule.changes:
+        named = agents[change.agent]
+        kinds = (
+            [change.kind]
+            if change.kind is not None
+            else [k for k in named.kinds if k != WILDCARD_KIND]
+        )
+        if not kinds:  # an agent of every kind and none of its own: nothing to aim
+            changes.append(change)
+            continue
+        for kind in kinds:
+            capable = [a.name for a in nominal.agents if a.profile(kind) is not None]
+            seen = {name: stats.observed(name, kind) for name in capable}
+            target = max(capable, key=lambda n: (seen[n], n == change.agent))
+            changes.append(replace(change, agent=target, kind=kind))
+            counts = ", ".join(
+                f"{n} {seen[n]:.0f}" for n in sorted(capable, key=lambda n: -seen[n])
+            )
+            said.append(
+                f"{change.agent}/{kind} -> {target}/{kind} (executions of {kind} observed before "
+                f"the drift: {counts})"
+            )
+    aimed = DriftSchedule(
+        name=f"{schedule.name}@preferred",
+        changes=tuple(sorted(changes, key=lambda c: c.at_s)),
+        description=f"{schedule.description} Aimed at the preferred agents: {'; '.join(said)}",
+    )
+    return aimed, said
 
 
 def window_of(at_s: float, window_s: float, windows: int) -> int:
@@ -352,9 +420,11 @@ __all__ = [
     "frozen_store_arm",
     "phases",
     "plan_sessions",
+    "preferred_drift",
     "ratio",
     "reference_ratios",
     "replay_ratios",
+    "store_at_drift",
     "verdicts",
     "window_of",
     "window_table",

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from podium.envs.swarm.drift import load_drift
+from podium.envs.swarm.drift import DriftChange, DriftSchedule, load_drift
 from podium.envs.swarm.spec import default_pool, default_pool_path, load_pool, parse_pool
+from podium.observed import AgentStats
 from podium.rollout.twins import rule_twin
 from podium_app.cli import main
 from podium_app.cycle.config import CycleConfig, validate
@@ -24,9 +25,11 @@ from podium_app.cycle.measure import (
     drift_time,
     frozen_store_arm,
     plan_sessions,
+    preferred_drift,
     ratio,
     reference_ratios,
     replay_ratios,
+    store_at_drift,
     verdicts,
     window_of,
     window_table,
@@ -34,6 +37,7 @@ from podium_app.cycle.measure import (
 from podium_app.cycle.report import table_text, write_report
 
 POOLS = default_pool_path().parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -50,6 +54,7 @@ POOLS = default_pool_path().parent
         (["--checkpoint", "/nonexistent/policy.safetensors"], "--checkpoint"),
         (["--drift", "no-such-scenario"], "--drift"),
         (["--pool", "/nonexistent/pool.yaml"], "--pool"),
+        (["--drift-target", "busiest"], "--drift-target"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(
@@ -321,3 +326,79 @@ def test_the_acceptance_reads_the_frozen_store_arm_when_there_is_one() -> None:
     assert v["frozen_fails"] is False and v["frozen_store_fails"] is True
     assert v["frozen_store_recovered"] is False and v["accepted"] is True
     assert v["levels"]["frozen_store_end"] == 2.0
+
+
+def _observed(counts: dict[tuple[str, str], int]) -> AgentStats:
+    stats = AgentStats()
+    for (agent, kind), n in counts.items():
+        for _ in range(n):
+            stats.record(agent, kind, work=1.0, duration=1.0, success=True)
+    return stats
+
+
+def test_a_drift_aimed_at_the_preferred_agent_moves_each_kind_to_its_busiest_agent() -> None:
+    pool = load_pool(POOLS / "misadvertised.yaml")
+    flaky = load_drift("flaky-agent")  # qa, every kind it does (test)
+    aimed, said = preferred_drift(
+        flaky, pool, _observed({("qa-fast", "test"): 9, ("qa", "test"): 2})
+    )
+    assert aimed.name == "flaky-agent@preferred"
+    assert [(c.agent, c.kind, c.success_factor, c.at_s) for c in aimed.changes] == [
+        ("qa-fast", "test", 0.2, 60.0)
+    ]
+    assert len(said) == 1 and "qa/test -> qa-fast/test" in said[0] and "qa-fast 9" in said[0]
+    # A tie (here: nothing observed) keeps the scenario's own agent.
+    kept, _ = preferred_drift(flaky, pool, AgentStats())
+    assert [(c.agent, c.kind) for c in kept.changes] == [("qa", "test")]
+    # A change of every kind of its agent is aimed kind by kind: backend's api work went to
+    # api-fast, its db work to infra-specialist.
+    backend = DriftSchedule("slow-backend", (DriftChange(10.0, "backend", speed_factor=0.3),))
+    busy = _observed({("api-fast", "api"): 5, ("backend", "api"): 3, ("infra-specialist", "db"): 4})
+    moved, said = preferred_drift(backend, pool, busy)
+    assert [(c.agent, c.kind, c.speed_factor) for c in moved.changes] == [
+        ("api-fast", "api", 0.3),
+        ("infra-specialist", "db", 0.3),
+    ]
+    assert len(said) == 2
+    moved.check(pool)  # every aimed change names an agent and a kind the pool has
+
+
+def test_the_preferred_agent_depends_on_what_the_initial_policy_ran_before_the_drift() -> None:
+    """On the misadvertised pool the committed policy sends the test work of seed 0's task mix
+    to qa and of seed 1's to qa-fast (the stores learnt that qa-fast is better than it
+    advertises): a drift of qa bites only the first, the aimed drift both."""
+    from podium.policy.swarm import load_policy
+
+    net, _ = load_policy(ROOT / "bench" / "policies" / "misadvertised-v8" / "policy.safetensors")
+    pool = load_pool(POOLS / "misadvertised.yaml")
+    flaky = load_drift("flaky-agent")
+    targets = []
+    for seed in (0, 1):
+        config = CycleConfig(seed=seed, duration_s=600, drift_at_s=200)
+        plan = plan_sessions(
+            cycle_tasks(config.tasks, seed, pool),
+            config.sessions,
+            config.rate,
+            seed,
+            config.explore_share,
+        )
+        stats = store_at_drift(plan, pool, flaky, config.drift_at_s, net)
+        assert stats.observed("qa", "test") + stats.observed("qa-fast", "test") > 100
+        aimed, _ = preferred_drift(flaky, pool, stats)
+        targets.append([(c.agent, c.kind) for c in aimed.changes])
+    assert targets == [[("qa", "test")], [("qa-fast", "test")]]
+
+
+def test_a_drift_made_in_code_round_trips_through_its_document(tmp_path: Path) -> None:
+    import yaml
+
+    from podium.envs.swarm.drift import drift_document
+
+    schedule = DriftSchedule(
+        "two",
+        (DriftChange(5.0, "qa", "test", 1.0, 0.2), DriftChange(9.0, "backend", None, 0.5, 1.0)),
+        "made here",
+    )
+    path = tmp_path / "drift.yaml"
+    path.write_text(yaml.safe_dump(drift_document(schedule)))
+    assert load_drift(path) == schedule

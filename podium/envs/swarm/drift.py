@@ -276,12 +276,26 @@ def load_drift(name_or_path: str | Path) -> DriftSchedule:
     return parse_drift(read_document(path), source=str(path))
 
 
+def drift_document(schedule: DriftSchedule) -> dict[str, Any]:
+    """``schedule`` as a scenario document (what :func:`parse_drift` reads back to an equal
+    schedule): to hand a schedule made in code to ``PODIUM_SUBAGENT_DRIFT`` as a file."""
+    changes: list[dict[str, Any]] = []
+    for c in schedule.changes:
+        change: dict[str, Any] = {"at_s": c.at_s, "agent": c.agent}
+        if c.kind is not None:
+            change["kind"] = c.kind
+        change |= {"speed_factor": c.speed_factor, "success_factor": c.success_factor}
+        changes.append(change)
+    return {"name": schedule.name, "description": schedule.description, "changes": changes}
+
+
 __all__ = [
     "NONE",
     "DriftChange",
     "DriftSchedule",
     "DriftingPool",
     "drift_dir",
+    "drift_document",
     "load_drift",
     "parse_drift",
     "scenario_names",
