@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 from signing_helpers import key_pair
-from test_learned_policy import announce, fresh_policy, run_session, tasks, wait_version
+from test_learned_policy import (
+    announce,
+    fresh_policy,
+    learned_orchestrator,
+    run_session,
+    tasks,
+    wait_version,
+)
 
 from learner_svc.algorithms.swarm import is_on_policy_sample
 from orchestrator_svc import OrchestratorApp, OrchestratorConfig
@@ -28,7 +35,6 @@ from podium.errors import ConfigError
 from podium.policy.signing import KeyPair, TrustedKeys
 from podium.rollout.routing import bucket
 from podium.v1 import task_pb2
-from subagent_svc import SubagentApp, SubagentConfig
 
 IDS = [f"session-{i}" for i in range(8000)]
 
@@ -93,33 +99,8 @@ def test_the_setting_is_read_and_checked() -> None:
 @pytest.fixture
 async def exploring(tmp_path: Path) -> AsyncIterator[tuple[InProcBus, OrchestratorApp, KeyPair]]:
     keys = key_pair(tmp_path / "keys")
-    bus = InProcBus()
-    await bus.start()
-    orch = OrchestratorApp(
-        OrchestratorConfig(
-            bus_url="embedded",
-            group_id="ex.orchestrator",
-            policy="learned",
-            rollout="latest",
-            explore_share=0.5,
-            policy_trusted_keys=str(keys.public_path),
-            session_timeout_s=20.0,
-            shutdown_timeout_s=5.0,
-        ),
-        bus,
-        serve_grpc=False,
-    )
-    worker = SubagentApp(
-        SubagentConfig(bus_url="embedded", group_id="ex.subagent", shutdown_timeout_s=5.0), bus
-    )
-    await worker.start()
-    await orch.start()
-    try:
+    async with learned_orchestrator(keys, "ex", explore_share=0.5) as (bus, orch):
         yield bus, orch, keys
-    finally:
-        await orch.stop()
-        await worker.stop()
-        await bus.stop()
 
 
 async def test_exploring_user_sessions_are_recorded_as_samples_the_learner_takes(

@@ -6,6 +6,7 @@ trainer's for the same session (routing by the rollout state: test_arms.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -62,26 +63,32 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPair:
     return key_pair(tmp_path_factory.mktemp("keys"))
 
 
-@pytest.fixture
-async def learned_stack(keys: KeyPair) -> AsyncIterator[tuple[InProcBus, OrchestratorApp]]:
+@contextlib.asynccontextmanager
+async def learned_orchestrator(
+    keys: KeyPair, group: str, **settings: Any
+) -> AsyncIterator[tuple[InProcBus, OrchestratorApp]]:
+    """An orchestrator on ``PODIUM_POLICY=learned`` trusting ``keys``, with a real subagent_svc,
+    on a fresh in-process bus; the newest loaded version serves (no rollout controller: hot
+    swap). ``settings``: further :class:`OrchestratorConfig` fields."""
     bus = InProcBus()
     await bus.start()
     orch = OrchestratorApp(
         OrchestratorConfig(
             bus_url="embedded",
-            group_id="lt.orchestrator",
+            group_id=f"{group}.orchestrator",
             policy="learned",
-            # The newest loaded version serves (no rollout controller here): hot swap.
             rollout="latest",
             policy_trusted_keys=str(keys.public_path),
             session_timeout_s=20.0,
             shutdown_timeout_s=5.0,
+            **settings,
         ),
         bus,
         serve_grpc=False,
     )
     worker = SubagentApp(
-        SubagentConfig(bus_url="embedded", group_id="lt.subagent", shutdown_timeout_s=5.0), bus
+        SubagentConfig(bus_url="embedded", group_id=f"{group}.subagent", shutdown_timeout_s=5.0),
+        bus,
     )
     await worker.start()
     await orch.start()
@@ -91,6 +98,12 @@ async def learned_stack(keys: KeyPair) -> AsyncIterator[tuple[InProcBus, Orchest
         await orch.stop()
         await worker.stop()
         await bus.stop()
+
+
+@pytest.fixture
+async def learned_stack(keys: KeyPair) -> AsyncIterator[tuple[InProcBus, OrchestratorApp]]:
+    async with learned_orchestrator(keys, "lt") as stack:
+        yield stack
 
 
 def tasks() -> list[TaskSpec]:

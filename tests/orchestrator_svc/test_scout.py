@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 from signing_helpers import key_pair
-from test_learned_policy import announce, fresh_policy, run_session, wait_version
+from test_learned_policy import (
+    announce,
+    fresh_policy,
+    learned_orchestrator,
+    run_session,
+    wait_version,
+)
 
 from learner_svc.algorithms.swarm import is_on_policy_sample
 from orchestrator_svc import OrchestratorApp, OrchestratorConfig
@@ -22,7 +28,6 @@ from podium.envs.swarm import TaskSpec, default_tasks
 from podium.errors import ConfigError
 from podium.policy.signing import KeyPair
 from podium.v1 import task_pb2
-from subagent_svc import SubagentApp, SubagentConfig
 
 
 def test_the_setting_is_read_and_checked() -> None:
@@ -33,49 +38,27 @@ def test_the_setting_is_read_and_checked() -> None:
         from_env(OrchestratorConfig, {**env, "PODIUM_SCOUT": "sometimes"})
 
 
-async def _stack(
-    tmp_path: Path, *, scout: bool
-) -> AsyncIterator[tuple[InProcBus, OrchestratorApp, KeyPair]]:
-    keys = key_pair(tmp_path / "keys")
-    bus = InProcBus()
-    await bus.start()
-    orch = OrchestratorApp(
-        OrchestratorConfig(
-            bus_url="embedded",
-            group_id="sc.orchestrator",
-            policy="learned",
-            rollout="latest",
-            scout=scout,
-            policy_trusted_keys=str(keys.public_path),
-            session_timeout_s=20.0,
-            shutdown_timeout_s=5.0,
-        ),
-        bus,
-        serve_grpc=False,
-    )
-    worker = SubagentApp(
-        SubagentConfig(bus_url="embedded", group_id="sc.subagent", shutdown_timeout_s=5.0), bus
-    )
-    await worker.start()
-    await orch.start()
-    try:
-        yield bus, orch, keys
-    finally:
-        await orch.stop()
-        await worker.stop()
-        await bus.stop()
-
-
 @pytest.fixture
 async def scouting(tmp_path: Path) -> AsyncIterator[tuple[InProcBus, OrchestratorApp, KeyPair]]:
-    async for stack in _stack(tmp_path, scout=True):
-        yield stack
+    keys = key_pair(tmp_path / "keys")
+    async with learned_orchestrator(keys, "sc", scout=True) as (bus, orch):
+        yield bus, orch, keys
 
 
 @pytest.fixture
 async def plain(tmp_path: Path) -> AsyncIterator[tuple[InProcBus, OrchestratorApp, KeyPair]]:
-    async for stack in _stack(tmp_path, scout=False):
-        yield stack
+    keys = key_pair(tmp_path / "keys")
+    async with learned_orchestrator(keys, "sc") as (bus, orch):
+        yield bus, orch, keys
+
+
+async def _serve_a_version(
+    bus: InProcBus, orch: OrchestratorApp, keys: KeyPair, tmp_path: Path
+) -> None:
+    """An untrained version 1, announced and loaded."""
+    ref, _ = fresh_policy(tmp_path / "artifacts", 1, seed=4)
+    await announce(bus, ref, keys)
+    await wait_version(orch, 1)
 
 
 def _layered() -> list[TaskSpec]:
@@ -87,9 +70,7 @@ async def test_argmax_sessions_scout_until_the_store_has_seen_the_agents(
     scouting: tuple[InProcBus, OrchestratorApp, KeyPair], tmp_path: Path
 ) -> None:
     bus, orch, keys = scouting
-    ref, _ = fresh_policy(tmp_path / "artifacts", 1, seed=4)
-    await announce(bus, ref, keys)
-    await wait_version(orch, 1)
+    await _serve_a_version(bus, orch, keys, tmp_path)
     assert orch.learned is not None and orch.stats is not None
     submitted = task_pb2.TaskSubmitted(session_id="s-1", submitted_by="grpc:ide")
     assert isinstance(orch.learned.for_session(submitted), ScoutedSessionPolicy)
@@ -124,9 +105,7 @@ async def test_off_by_default_nothing_scouts(
     plain: tuple[InProcBus, OrchestratorApp, KeyPair], tmp_path: Path
 ) -> None:
     bus, orch, keys = plain
-    ref, _ = fresh_policy(tmp_path / "artifacts", 1, seed=4)
-    await announce(bus, ref, keys)
-    await wait_version(orch, 1)
+    await _serve_a_version(bus, orch, keys, tmp_path)
     for seed, task in enumerate(_layered()):
         traj = await run_session(bus, orch, task, seed, "grpc:ide")
         assert traj.labels["policy"] == "learned" and SCOUTED_LABEL not in traj.labels
