@@ -1,9 +1,11 @@
 """``podium bench cycle`` end to end at CI scale, as a user runs it (a process): a secured KRaft
 broker of its own, every service a process, the frozen and the continuous run on the same
-sessions, the drift in the middle of each load.
+sessions, the drift in the middle of each load, aimed at the agent the initial policy prefers
+(``--drift-target preferred``).
 
 What could fail and is asserted: every submitted session finished exactly once in both runs;
-the JSON has the documented shape with every window populated; the drift is visible (the
+the JSON has the documented shape with every window populated; the drift was aimed, and the
+aimed scenario is the one the runs used; the drift is visible (the
 frozen policy's latency/bound after the drift is above before it); the continuous run's
 controller proposed at least one of the learner's candidates; the report is written; progress
 lines were shown. The acceptance figures need a long run (docs/cycle.md), not this one.
@@ -22,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from podium.envs.swarm.drift import load_drift
+
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +40,7 @@ def test_bench_cycle_end_to_end(kafka_bootstrap: str, tmp_path: Path) -> None:
     args += ["--duration-s", str(DURATION_S), "--drift-at-s", str(DRIFT_AT_S)]
     args += ["--window-s", str(WINDOW_S), "--rate", str(RATE), "--replicas", "1"]
     args += ["--cycle-s", "8", "--learner-batch", "12", "--explore-share", "0.5"]
-    args += ["--drain-s", "60"]
+    args += ["--drain-s", "60", "--drift-target", "preferred"]
     args += ["--json", str(out), "--report", str(report)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PODIUM_KAFKA")}
     proc = subprocess.run(
@@ -51,6 +55,15 @@ def test_bench_cycle_end_to_end(kafka_bootstrap: str, tmp_path: Path) -> None:
 
     result = json.loads(out.read_text())
     assert set(result) == {"config", "windows", "runs", "verdicts"}
+    # The drift (slow-specialist: backend's api work) was aimed at the agent the initial policy
+    # ran api work on most before it, and that scenario is the one every service ran.
+    (aimed,) = result["config"]["drift_aimed"]
+    assert aimed.startswith("backend/api -> "), aimed
+    target = aimed.split(" -> ")[1].split("/")[0]
+    scenario = load_drift(result["config"]["drift"])
+    assert scenario.name == "slow-specialist@preferred"
+    assert [(c.agent, c.kind) for c in scenario.changes] == [(target, "api")]
+    assert f"drift aimed at the preferred agent: {aimed}" in proc.stderr
     planned = round(DURATION_S * RATE)
     for name in ("frozen", "continuous"):
         run = result["runs"][name]
