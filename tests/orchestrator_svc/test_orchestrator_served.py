@@ -25,10 +25,11 @@ from signing_helpers import key_pair, signed
 from svc_helpers import LOGIN_TASK
 
 from orchestrator_svc import OrchestratorApp, OrchestratorConfig
+from orchestrator_svc.learned import SCOUTED_LABEL
 from podium import topics
 from podium.bus import InProcBus
 from podium.bus.consumer import EventPublisher
-from podium.envs.swarm import EnvConfig, SwarmEnv, TaskSpec, default_pool
+from podium.envs.swarm import EnvConfig, SwarmEnv, TaskSpec, default_pool, default_tasks
 from podium.envs.swarm.generator import generate_suite
 from podium.envs.swarm.trajectory import task_to_proto
 from podium.policy.agent import SwarmAgent
@@ -109,9 +110,15 @@ async def announce(bus: InProcBus, event: reward_pb2.PolicyUpdated) -> None:
 
 @contextlib.asynccontextmanager
 async def orchestrator(
-    backend: str, *, grpc: bool = False, time_scale: float = 0.0, group: str = "srv"
+    backend: str,
+    *,
+    grpc: bool = False,
+    time_scale: float = 0.0,
+    group: str = "srv",
+    scout: bool = False,
 ) -> AsyncIterator[tuple[InProcBus, OrchestratorApp]]:
-    """A learned-policy orchestrator on ``backend`` and two sub-agent workers, on a bus."""
+    """A learned-policy orchestrator on ``backend`` and two sub-agent workers, on a bus
+    (``scout``: ``PODIUM_SCOUT=on``)."""
     bus = InProcBus()
     await bus.start()
     orch = OrchestratorApp(
@@ -125,6 +132,7 @@ async def orchestrator(
             rollout="latest",
             policy_trusted_keys=str(KEYS.public_path),
             policy_backend=backend,
+            scout=scout,
             serving_timeout_s=10.0,
             serving_ready_timeout_s=10.0,
             session_timeout_s=60.0,
@@ -253,6 +261,43 @@ async def test_served_sessions_decide_exactly_as_local_torch(
                 np.testing.assert_allclose(remote.logits, torch_out.logits, atol=1e-4, rtol=0)
                 np.testing.assert_allclose(remote.value, torch_out.value, atol=1e-4, rtol=0)
         assert compared > 40
+
+
+async def test_served_sessions_scout_exactly_as_local_ones(
+    v2_grpc: str, v2_repository: Path, first_version: int, tmp_path: Path
+) -> None:
+    """``PODIUM_SCOUT=on`` over the server: the scout revises the served network's decisions
+    (awaited off the event loop) exactly as it revises local torch's, from a fresh store on."""
+    agent = layout_agent(seed=37)
+    event = publish_version(agent, tmp_path / "artifacts", v2_repository, first_version)
+    async with (
+        orchestrator("local", group="scout-local", scout=True) as (bus_l, local),
+        orchestrator(f"v2://{v2_grpc}", group="scout-served", scout=True) as (bus_s, served),
+    ):
+        assert local.learned is not None and served.learned is not None
+        for bus in (bus_l, bus_s):
+            await announce(bus, event)
+        await wait_for(
+            lambda: local.learned.version == served.learned.version == first_version, "v"
+        )
+        assert local.stats is not None and served.stats is not None
+        mirror = local.stats.copy()
+        scouted = 0
+        names = ("layered-15", "layered-5", "layered-30")  # test work off the critical path
+        layered = [t for t in default_tasks() if t.name in names]
+        for i, task in enumerate(layered):
+            for orch in (local, served):
+                await wait_for(lambda o=orch: o.stats.to_dict() == mirror.to_dict(), "stats store")
+            want = await run_bus_session(bus_l, local, task, 700 + i, "eval:scout")
+            got = await run_bus_session(bus_s, served, task, 700 + i, "eval:scout")
+            mirror.record_trajectory(got)
+            assert got.labels["policy"] == want.labels["policy"] == "learned+scout"
+            assert got.labels.get(SCOUTED_LABEL) == want.labels.get(SCOUTED_LABEL)
+            assert [d.action.index for d in got.decisions] == [
+                d.action.index for d in want.decisions
+            ]
+            scouted += int(got.labels.get(SCOUTED_LABEL, "0"))
+        assert scouted >= 1  # a fresh store: the first sessions scout
 
 
 async def grpc_session(
