@@ -5,9 +5,10 @@ Starts a local secured Kafka broker (or uses ``--bus``), the services as process
 same load twice: *frozen* (the initial policy live, never replaced) and *continuous* (the
 learner publishing candidates, the rollout controller shipping them in compressed cycles). The
 drift (``--drift``) bites ``--drift-at-s`` into each load; ``--drift-target preferred`` first
-aims it at the agents the initial policy relies on then (``config.drift_aimed`` in the JSON). Per window of ``--window-s``: each
-run's mean latency/bound and the rule engines' (cpls, cpls-online) on the same sessions in the
-simulator on the true pool at that time; the acceptance verdicts; ``--json`` and ``--report``.
+aims it at the agents the initial policy relies on then (``config.drift_aimed`` in the JSON).
+Per window of ``--window-s``: each run's mean latency/bound and the rule engines' (cpls,
+cpls-online) on the same sessions in the simulator on the true pool at that time; the
+acceptance verdicts; ``--json`` and ``--report``.
 
 JSON (``--json OUT``)::
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from podium.envs.swarm.spec import PoolSpec, default_pool, load_pool
 
 RUNS = ("frozen", "continuous")
-DRIFT_TARGETS = ("named", "preferred")
-"""Values of ``--drift-target`` (:attr:`CycleConfig.drift_target`)."""
 """The two deployments a cycle bench compares, in the order they run (the frozen one first);
 each publishes the initial policy and makes it live (podium_app.bootstrap's shared steps)."""
+DRIFT_TARGETS = ("named", "preferred")
+"""Values of ``--drift-target`` (:attr:`CycleConfig.drift_target`)."""
 
 
 @dataclass(frozen=True, slots=True)
