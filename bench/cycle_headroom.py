@@ -9,6 +9,10 @@ post-drift world with ``podium train --pool AFTER.yaml --init ...``) compare wit
 one (``--checkpoint``), each reading a statistics store of its own that its own sessions feed,
 as a deployment's does? And how does the initial policy compare with cpls-online?
 
+It also prints the cycle's verdicts (docs/cycle.md) as they come out if no candidate ships:
+both runs then serve the initial weights on a live store, so the replayed initial policy
+stands in for the continuous run beside the replayed rule engines and ``frozen_store`` arm.
+
 Per candidate it prints, over the measured (greedy) sessions from the drift on and over the
 end windows: the paired mean difference of latency/bound, candidate minus initial (negative:
 the candidate is faster), its standard error, and the share of sessions whose latency differs
@@ -38,16 +42,21 @@ from podium.envs.swarm.drift import load_drift
 from podium.errors import ArtifactError
 from podium.policy.network import SwarmPolicyNet
 from podium.policy.swarm import load_policy, resolve_checkpoint
-from podium.rollout.twins import learned_twin, rule_twin
+from podium.rollout.twins import learned_twin
 from podium_app.commands.bench_cycle import add_arguments, config_from
 from podium_app.cycle.config import CycleConfig
 from podium_app.cycle.driver import aim_drift
 from podium_app.cycle.measure import (
+    FROZEN_STORE,
+    REFERENCE_ARMS,
     PlannedSession,
     Replayed,
     cycle_tasks,
+    frozen_store_arm,
     plan_sessions,
     replay_ratios,
+    verdicts,
+    window_table,
 )
 
 PROG = "bench/cycle_headroom.py"
@@ -94,14 +103,25 @@ def measure(config: CycleConfig, candidates: list[Path]) -> dict[str, Any]:
         config, aimed = aim_drift(config, plan, pool, initial)
     arms = {
         INITIAL: Replayed(learned_twin("1", initial), "live"),
-        CPLS_ONLINE: Replayed(rule_twin("rules:cpls-online"), "live"),
+        **REFERENCE_ARMS,
+        **frozen_store_arm(initial),
     }
     arms |= {
         name: Replayed(learned_twin(str(i + 2), net), "live")
         for i, (name, net) in enumerate(nets.items())
     }
     ratios = replay_ratios(plan, pool, load_drift(config.drift), config.drift_at_s, arms)
-    end_s = config.duration_s - config.window_s * max(1, config.windows // 6)
+    tail = max(1, config.windows // 6)
+    end_s = config.duration_s - config.window_s * tail
+    # With no candidate shipped, both runs of the cycle serve the initial weights on a live
+    # store: the replayed initial policy stands in for the continuous run.
+    as_runs = {
+        "continuous": ratios[INITIAL],
+        **{name: ratios[name] for name in (*REFERENCE_ARMS, FROZEN_STORE)},
+    }
+    nothing_ships = verdicts(
+        window_table(plan, {}, as_runs, config.window_s, config.windows), config.drift_at_s, tail
+    )
     out: dict[str, Any] = {
         "config": {
             "pool": str(config.pool or "default"),
@@ -118,6 +138,7 @@ def measure(config: CycleConfig, candidates: list[Path]) -> dict[str, Any]:
             "post": paired(plan, ratios[INITIAL], ratios[CPLS_ONLINE], config.drift_at_s),
             "end": paired(plan, ratios[INITIAL], ratios[CPLS_ONLINE], end_s),
         },
+        "if_nothing_ships": nothing_ships,
         "candidates": {
             name: {
                 "post": paired(plan, ratios[name], ratios[INITIAL], config.drift_at_s),
@@ -156,6 +177,16 @@ def main(argv: list[str] | None = None) -> int:
         print(_line(f"initial - cpls-online ({when})", result["initial_vs_cpls_online"][when]))
         for name, figures in result["candidates"].items():
             print(_line(f"{Path(name).parent.name or name} - initial ({when})", figures[when]))
+    v = result["if_nothing_ships"]
+    levels = v["levels"]
+    print(
+        "if nothing ships (both runs serve the initial policy): "
+        f"end {levels['continuous_end']:.3f} vs pre {levels['continuous_pre']:.3f} and the "
+        f"better rule engine's {v['better_rule_end']:.3f}; frozen_store end "
+        f"{levels['frozen_store_end']:.3f}; recovered {v['continuous_recovered']}, at or below "
+        f"the rules {v['continuous_at_or_below_rules']}, frozen_store fails "
+        f"{v['frozen_store_fails']}: accepted {v['accepted']}"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

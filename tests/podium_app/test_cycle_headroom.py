@@ -56,6 +56,14 @@ def test_the_initial_policy_as_its_own_candidate_differs_nowhere_and_another_doe
     assert other["post"]["mean"] > 0.1
     assert out["initial_vs_cpls_online"]["post"]["sessions"] == measured_after_drift
     assert out["config"]["end_from_s"] == 30.0
+    # The verdicts if nothing ships read the same sessions: the initial policy's post-drift
+    # level minus cpls-online's is the paired difference above.
+    verdict = out["if_nothing_ships"]
+    levels = verdict["levels"]
+    gap = levels["continuous_post"] - levels["cpls_online_post"]
+    assert gap == pytest.approx(out["initial_vs_cpls_online"]["post"]["mean"], abs=1e-9)
+    assert verdict["better_rule_end"] == min(levels["cpls_end"], levels["cpls_online_end"])
+    assert isinstance(verdict["accepted"], bool)
 
 
 def test_the_drift_is_aimed_as_podium_bench_cycle_aims_it(tmp_path: Path) -> None:
