@@ -112,7 +112,7 @@ def measure(config: CycleConfig, candidates: list[Path]) -> dict[str, Any]:
     }
     ratios = replay_ratios(plan, pool, load_drift(config.drift), config.drift_at_s, arms)
     tail = max(1, config.windows // 6)
-    end_s = config.duration_s - config.window_s * tail
+    end_s = (config.windows - tail) * config.window_s  # the start of the end windows
     # With no candidate shipped, both runs of the cycle serve the initial weights on a live
     # store: the replayed initial policy stands in for the continuous run.
     as_runs = {
