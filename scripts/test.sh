@@ -63,19 +63,16 @@ eval "$(bash scripts/v2server.sh start "$PODIUM_V2_REPOSITORY")"
 export PODIUM_V2_GRPC PODIUM_V2_HTTP PODIUM_V2_REPOSITORY
 echo "test: KServe-V2 server at $PODIUM_V2_GRPC (gRPC)" >&2
 
-# The system suites (tests/faults, tests/rollout, the drift cycle, the orchestrators killed
-# mid-batch) run service processes, most on brokers of their own, and spend most of their time
-# waiting out faults and timeouts, so the whole run puts them in a second pytest process beside
-# the rest: the run takes about as long as its longer half (kept about even: 2026-12-02, the
-# rest 1,934 s against 1,509 s before the session kill tests, about 250 s, moved over). Each
+# The system suites (tests/faults, tests/rollout, the drift cycle) run their own brokers and
+# service processes and spend most of their time waiting out faults and timeouts, so the whole
+# run puts them in a second pytest process beside the rest: the run takes about as long as its longer half. Each
 # process gets its own --basetemp (pytest prunes old numbered temp dirs, which would race).
 # With arguments, exactly those run in one process, as given.
 RUN_TMP="$(mktemp -d /tmp/podium-test.XXXXXX)"
 system_pid=""
 trap '[[ -n $system_pid ]] && kill "$system_pid" 2>/dev/null; cleanup; rm -rf "$RUN_TMP"' EXIT INT TERM
 SYSTEM_SUITES=(tests/faults tests/rollout tests/podium_app/test_cycle_kafka.py
-  tests/k8s/test_local_deployment.py tests/podium_app/train/test_train_resume_kafka.py
-  tests/orchestrator_svc/test_sessions_kafka.py)
+  tests/k8s/test_local_deployment.py tests/podium_app/train/test_train_resume_kafka.py)
 set +e
 if (($# == 0)); then
   python -m pytest "${SYSTEM_SUITES[@]}" --basetemp="$RUN_TMP/system" --durations=15 \
