@@ -32,7 +32,13 @@ buf() {
   local bin="$CACHE/buf/node_modules/.bin/buf"
   if [[ ! -x "$bin" ]]; then
     mkdir -p "$CACHE/buf"
-    (cd "$CACHE/buf" && npm install --silent --no-save --no-audit --no-fund "@bufbuild/buf@$BUF_VERSION" >/dev/null)
+    # Serialised: scripts/test.sh lints while it builds the Go worker, and both may install.
+    (
+      flock 9
+      if [[ ! -x "$bin" ]]; then
+        cd "$CACHE/buf" && npm install --silent --no-save --no-audit --no-fund "@bufbuild/buf@$BUF_VERSION" >/dev/null
+      fi
+    ) 9>"$CACHE/buf.lock"
   fi
   "$bin" "$@"
 }

@@ -6,6 +6,23 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 START=$(date +%s)
+CACHE="${PODIUM_CACHE:-$HOME/.cache/podium}"
+RUN_TMP="$(mktemp -d /tmp/podium-test.XXXXXX)"
+background=() # process groups started here (setsid), ended with everything else
+servers=""    # set once the broker and the inference server are being started
+finish() {
+  local group
+  for group in "${background[@]}"; do kill -- "-$group" 2>/dev/null || true; done
+  if [[ -n $servers ]]; then cleanup; fi
+  rm -rf "$RUN_TMP"
+}
+trap finish EXIT INT TERM
+
+# The Go tools (scripts/go-tools.sh: kustomize, the Go worker, Jaeger) build in the background
+# while the Python environment is made and the static checks run: minutes on a fresh machine.
+setsid bash scripts/go-tools.sh >"$RUN_TMP/go-tools.env" 2>"$RUN_TMP/go-tools.log" &
+go_tools=$!
+background+=("$go_tools")
 
 # System tools the tests use as independent clients: protoc (decode events) and kcat (read topics).
 need=()
@@ -22,23 +39,11 @@ export PATH="$VENV/bin:$PATH"
 
 bash scripts/lint.sh
 
-# kustomize renders k8s/ in the tests; built once from the Go module proxy into the cache.
-CACHE="${PODIUM_CACHE:-$HOME/.cache/podium}"
-if [[ ! -x "$CACHE/go-bin/kustomize" ]]; then
-  echo "test: installing kustomize into $CACHE/go-bin" >&2
-  (cd /tmp && GOBIN="$CACHE/go-bin" GOFLAGS=-mod=mod go install sigs.k8s.io/kustomize/kustomize/v5@v5.7.1 >&2)
-fi
-export PATH="$PATH:$CACHE/go-bin"
 # The strict manifest checker (tools/k8s-check, Go) and Strimzi's CRD schemas, built once per
-# source hash and Strimzi version into the cache (tests/k8s/test_k8s_strict.py).
+# source hash and Strimzi version into the cache (tests/k8s/test_k8s_strict.py). Here, not in
+# the background: it runs Maven, as the broker's start does, and one Maven at a time shares
+# the local repository safely.
 bash tools/k8s-check/install.sh >/dev/null
-# Jaeger, the trace backend the local deployment runs (tests/k8s/test_local_deployment.py),
-# built once per version from the Go module proxy into the cache.
-jaeger_line="$(bash scripts/jaeger.sh)"
-export "$jaeger_line" # PODIUM_JAEGER=<the binary>
-# The Go external worker (tools/go-worker, its protobuf code generated from protos/), built
-# once per source digest into the cache, so the Kafka test that runs it does not build it.
-bash scripts/go-worker.sh >/dev/null
 
 # Each run gets its own broker directory, so a developer's broker is left alone.
 KAFKA_DIR="$(mktemp -d /tmp/podium-kafka.XXXXXX)"
@@ -51,7 +56,7 @@ cleanup() {
   bash scripts/kafka.sh stop --dir "$KAFKA_DIR" >&2 || true
   rm -rf "$KAFKA_DIR" "$PODIUM_V2_STATE" "$PODIUM_V2_REPOSITORY"
 }
-trap cleanup EXIT INT TERM
+servers=1
 # The broker serves clients only over TLS with SCRAM-SHA-512 and ACLs: start prints a kafka://
 # URL for its admin principal (PODIUM_KAFKA_BOOTSTRAP) and the password
 # (PODIUM_KAFKA_SASL_PASSWORD); each service's own credentials are in $KAFKA_DIR/credentials/.
@@ -63,14 +68,24 @@ eval "$(bash scripts/v2server.sh start "$PODIUM_V2_REPOSITORY")"
 export PODIUM_V2_GRPC PODIUM_V2_HTTP PODIUM_V2_REPOSITORY
 echo "test: KServe-V2 server at $PODIUM_V2_GRPC (gRPC)" >&2
 
+if ! wait "$go_tools"; then
+  cat "$RUN_TMP/go-tools.log" >&2
+  echo "test: building the Go tools failed (scripts/go-tools.sh, its log above)" >&2
+  exit 1
+fi
+background=()
+cat "$RUN_TMP/go-tools.log" >&2 # what was built (nothing on a warm cache)
+export PATH="$PATH:$CACHE/go-bin" # kustomize
+export "$(grep '^PODIUM_JAEGER=' "$RUN_TMP/go-tools.env")"
+echo "test: Go tools ready (kustomize, the Go worker, Jaeger)" >&2
+
 # The system suites (tests/faults, tests/rollout, the drift cycle) run their own brokers and
 # service processes and spend most of their time waiting out faults and timeouts, so the whole
 # run puts them in a second pytest process beside the rest: the run takes about as long as its longer half. Each
 # process gets its own --basetemp (pytest prunes old numbered temp dirs, which would race).
 # With arguments, exactly those run in one process, as given.
-RUN_TMP="$(mktemp -d /tmp/podium-test.XXXXXX)"
 system_pid=""
-trap '[[ -n $system_pid ]] && kill "$system_pid" 2>/dev/null; cleanup; rm -rf "$RUN_TMP"' EXIT INT TERM
+trap '[[ -n $system_pid ]] && kill "$system_pid" 2>/dev/null; finish' EXIT INT TERM
 SYSTEM_SUITES=(tests/faults tests/rollout tests/podium_app/test_cycle_kafka.py
   tests/k8s/test_local_deployment.py tests/podium_app/train/test_train_resume_kafka.py)
 set +e

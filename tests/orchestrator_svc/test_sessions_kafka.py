@@ -54,6 +54,9 @@ subtasks:
 """
 """Five sequential-ish executions: with PODIUM_SUBAGENT_TIME_SCALE=0.3 a session takes ~5 s."""
 
+ASSIGNMENT_PARTITIONS = 3
+"""Partitions of the shared topics, and members of the sub-agent group (one per partition)."""
+
 
 def _tool(name: str) -> None:
     if shutil.which(name) is None:
@@ -114,11 +117,15 @@ class Procs:
         )
 
     def subagent(self, group: str, time_scale: float = 0.3) -> None:
+        # One member per assignment partition: executions of different sessions overlap as
+        # they would on a deployed worker pool, so the sessions a test waits for end in
+        # about a third of the time (one member ran all of them one after another).
         self.start(
             "subagent",
             "subagent_svc",
             PODIUM_GROUP_ID=group,
             PODIUM_SUBAGENT_TIME_SCALE=str(time_scale),
+            PODIUM_SUBAGENT_CONCURRENCY=str(ASSIGNMENT_PARTITIONS),
         )
 
     def kill9(self, name: str) -> None:
@@ -161,7 +168,10 @@ async def procs(
     """Processes started at the end of the shared topics (earlier tests' tasks are not theirs)."""
     orch, sub = names
     await kafka.create_topics(
-        [TopicSpec(t, 3) for t in (topics.TASKS, topics.SUBTASKS_ASSIGNED, topics.TRAJECTORIES)]
+        [
+            TopicSpec(t, ASSIGNMENT_PARTITIONS)
+            for t in (topics.TASKS, topics.SUBTASKS_ASSIGNED, topics.TRAJECTORIES)
+        ]
     )
     await kafka.position_groups_at_end(
         {f"{orch}.tasks": [topics.TASKS], sub: [topics.SUBTASKS_ASSIGNED]}
