@@ -333,6 +333,7 @@ class GrpcServer:
         if self.port == 0:
             raise OSError(f"could not bind gRPC server to {self.address}")
         await self.server.start()
+        self.specs.warm()
         await self.set_serving(True)
         return self.port
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import os
 import pickle
 import signal
@@ -45,6 +46,8 @@ TEXT_FIELD = "task_spec_text"
 
 SUBTASKS_FIELD = "subtasks"
 """Field named when a task has too many subtasks (as the environment's parser names it)."""
+
+_log = logging.getLogger(__name__)
 
 PARSER_PROCESSES = 2
 """Processes parsing specs (about 70 MB each): two keep one slow spec from holding up the
@@ -292,8 +295,9 @@ class SpecWorkers:
     time, so a parser *thread* still stalled the loop by 0.2-0.5 s under a few maximal specs
     (measured); a process has its own GIL and stalls it by under 0.05 s. They are started
     (never forked: forking a process that runs gRPC is unsafe) as ``python -c``
-    :data:`PARSER_COMMAND` on demand, live as long as the server (exiting with it, kill -9
-    included: their stdin ends), and one that dies is replaced. At most ``max_pending`` specs
+    :data:`PARSER_COMMAND`, one as the server starts (:meth:`warm`) and the rest on demand,
+    live as long as the server (exiting with it, kill -9 included: their stdin ends), and one
+    that dies is replaced. At most ``max_pending`` specs
     wait or run at once; beyond that :meth:`validate` raises :class:`AdmissionError` at once
     instead of queueing without bound (each waiting spec holds up to the request size limit).
     """
@@ -309,6 +313,24 @@ class SpecWorkers:
         self._exchanges: set[asyncio.Task[bytes]] = set()
         self._starting = 0
         self._closed = False
+        self._warming: asyncio.Task[None] | None = None
+
+    def warm(self) -> None:
+        """Start one parser now, in the background, so the first spec after a start does not
+        wait for a process to spawn and import (about a second). A failed start is logged;
+        the first :meth:`validate` then starts one as usual."""
+        if self._warming is None and not self._closed:
+            self._warming = asyncio.get_running_loop().create_task(self._warm())
+
+    async def _warm(self) -> None:
+        if self._parsers or self._starting:
+            return  # a spec arrived first and started its own
+        try:
+            parser = await self._start()
+        except OSError as exc:
+            _log.warning("could not start a spec parser ahead of the first spec: %s", exc)
+            return
+        self._release(parser)
 
     def pids(self) -> list[int]:
         """Process ids of the parser processes running now."""
@@ -439,6 +461,8 @@ class SpecWorkers:
         """Drop specs not started yet; the processes exit after the spec in hand (those still
         running after ``timeout_s`` are killed)."""
         self._closed = True
+        if self._warming is not None:
+            await asyncio.wait([self._warming])  # its parser is then counted below
         while self._waiters:
             self._waiters.popleft().cancel()
         self._idle.clear()

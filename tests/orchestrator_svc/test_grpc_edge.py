@@ -21,8 +21,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from orchestrator_svc import OrchestratorApp, OrchestratorConfig
 from orchestrator_svc.grpc_api import FIELD_METADATA_KEY, LIMIT_METADATA_KEY
+from orchestrator_svc.specs import SpecWorkers, TaskLimits
 from podium import topics
 from podium.bus import InProcBus
+from podium.envs.swarm.spec import default_pool
 from podium.v1 import session_service_pb2 as ss
 from podium.v1 import session_service_pb2_grpc, task_pb2
 
@@ -288,6 +290,54 @@ async def test_a_dead_parser_process_is_replaced(inproc_bus: InProcBus) -> None:
         reply = await stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=task), timeout=30)
         assert reply.session_id
         assert app.grpc.specs.pids() and not set(app.grpc.specs.pids()) & set(workers)
+
+
+async def test_a_parser_starts_with_the_server_and_takes_the_first_spec(
+    inproc_bus: InProcBus,
+) -> None:
+    async with orchestrator(inproc_bus) as (app, channel):
+        assert app.grpc is not None
+        for _ in range(300):  # up to 30 s for the process to start
+            if app.grpc.specs.pids():
+                break
+            await asyncio.sleep(0.1)
+        warm = app.grpc.specs.pids()
+        assert len(warm) == 1, "no parser was started ahead of the first spec"
+        stub = session_service_pb2_grpc.SessionServiceStub(channel)
+        task = "name: t\nsubtasks:\n  - {id: a, kind: ui, work: 1}\n"
+        assert (
+            await stub.SubmitTask(ss.SubmitTaskRequest(task_spec_text=task), timeout=30)
+        ).session_id
+        assert app.grpc.specs.pids() == warm  # parsed there: no second process was needed
+
+
+def _parser_children() -> list[int]:
+    """Pids of this process's children that run the spec parser (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue  # it ended while read
+        if ppid == os.getpid() and b"serve_parser" in command:
+            found.append(int(entry.name))
+    return found
+
+
+async def test_closing_while_the_first_parser_starts_leaves_no_process() -> None:
+    workers = SpecWorkers(default_pool(), TaskLimits(1000, 8), max_pending=4)
+    workers.warm()
+    await asyncio.sleep(0)  # the start is under way
+    await workers.close()
+    # close() waited for that start and ended its process: none runs now, and none appears
+    # later (a start left behind would spawn its parser after close() returned).
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        assert not _parser_children(), "a spec parser runs after close()"
+        await asyncio.sleep(0.05)
 
 
 PARENT = """
