@@ -1,21 +1,43 @@
 #!/usr/bin/env bash
 # Builds the Go tools the tests run, each once into ${PODIUM_CACHE:-~/.cache/podium}/go-bin
-# (a few minutes on a fresh machine, nothing after), and prints the line the tests need:
-#   PODIUM_JAEGER=<the binary>
-# One after another, so the builds share Go's module and build caches without contending.
-# scripts/test.sh runs it in the background while it lints (mypy leaves a core free).
-set -euo pipefail
+# (minutes on a fresh machine, nothing after), one after another, so the builds share Go's
+# module and build caches without contending for them:
+#   go-tools.sh          kustomize and the Go worker (the tests' own), then Jaeger
+#   go-tools.sh STATE    the same, and as each part ends it writes its exit status to
+#                        STATE/base.rc (kustomize, the Go worker), STATE/jaeger.rc (Jaeger), and
+#                        Jaeger's line (PODIUM_JAEGER=<the binary>) to STATE/jaeger.env, so a
+#                        caller that starts it in the background can wait for each part alone
+# scripts/test.sh runs it in the background while it makes the environment and lints, and runs
+# the tests that need only the first part before Jaeger (the longest build) is done.
+set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${PODIUM_CACHE:-$HOME/.cache/podium}"
+STATE="${1:-}"
 
-# kustomize renders k8s/ in the tests.
-if [[ ! -x "$CACHE/go-bin/kustomize" ]]; then
-  echo "go-tools: installing kustomize into $CACHE/go-bin" >&2
-  (cd /tmp && GOBIN="$CACHE/go-bin" GOFLAGS=-mod=mod go install sigs.k8s.io/kustomize/kustomize/v5@v5.7.1 >&2)
-fi
-# The Go external worker (tools/go-worker, its protobuf code generated from protos/), built once
-# per source digest, so the Kafka test that runs it does not build it.
-bash "$ROOT/scripts/go-worker.sh" >/dev/null
+base() {
+  set -e
+  # kustomize renders k8s/ in the tests.
+  if [[ ! -x "$CACHE/go-bin/kustomize" ]]; then
+    echo "go-tools: installing kustomize into $CACHE/go-bin" >&2
+    (cd /tmp && GOBIN="$CACHE/go-bin" GOFLAGS=-mod=mod go install sigs.k8s.io/kustomize/kustomize/v5@v5.7.1 >&2)
+  fi
+  # The Go external worker (tools/go-worker, its protobuf code generated from protos/), built
+  # once per source digest, so the Kafka test that runs it does not build it.
+  bash "$ROOT/scripts/go-worker.sh" >/dev/null
+}
+
+# Each part in a subshell, so `set -e` ends the part, not the script, and both statuses are told.
+(base)
+base_rc=$?
 # Jaeger, the trace backend the local deployment runs (tests/k8s/test_local_deployment.py),
 # built once per version.
-bash "$ROOT/scripts/jaeger.sh"
+if [[ -n $STATE ]]; then
+  echo "$base_rc" >"$STATE/base.rc"
+  bash "$ROOT/scripts/jaeger.sh" >"$STATE/jaeger.env"
+  jaeger_rc=$?
+  echo "$jaeger_rc" >"$STATE/jaeger.rc"
+else
+  bash "$ROOT/scripts/jaeger.sh"
+  jaeger_rc=$?
+fi
+exit $((base_rc != 0 ? base_rc : jaeger_rc))

@@ -18,11 +18,30 @@ finish() {
 }
 trap finish EXIT INT TERM
 
-# The Go tools (scripts/go-tools.sh: kustomize, the Go worker, Jaeger) build in the background
-# while the Python environment is made and the static checks run: minutes on a fresh machine.
-setsid bash scripts/go-tools.sh >"$RUN_TMP/go-tools.env" 2>"$RUN_TMP/go-tools.log" &
-go_tools=$!
-background+=("$go_tools")
+# The Go tools (scripts/go-tools.sh: kustomize and the Go worker, then Jaeger) build in the
+# background while the Python environment is made and the static checks run: minutes on a
+# fresh machine, nothing on a warm cache. pytest waits for the first part; only the local
+# deployment test, run last, waits for Jaeger.
+GO_TOOLS="$RUN_TMP/go-tools"
+mkdir -p "$GO_TOOLS"
+setsid bash scripts/go-tools.sh "$GO_TOOLS" 2>"$GO_TOOLS/log" &
+background+=("$!")
+# go_tools_ready PART: wait until that part of the build has ended; its exit status.
+go_tools_ready() {
+  while [[ ! -s "$GO_TOOLS/$1.rc" ]]; do
+    if ! kill -0 "${background[0]}" 2>/dev/null && [[ ! -s "$GO_TOOLS/$1.rc" ]]; then
+      echo "test: the Go tools' build ended before its $1 part (scripts/go-tools.sh)" >&2
+      cat "$GO_TOOLS/log" >&2
+      return 1
+    fi
+    sleep 1
+  done
+  if [[ $(cat "$GO_TOOLS/$1.rc") != 0 ]]; then
+    cat "$GO_TOOLS/log" >&2
+    echo "test: building the Go tools failed (scripts/go-tools.sh, its log above)" >&2
+    return 1
+  fi
+}
 
 # System tools the tests use as independent clients: protoc (decode events) and kcat (read topics).
 need=()
@@ -51,10 +70,14 @@ KAFKA_DIR="$(mktemp -d /tmp/podium-kafka.XXXXXX)"
 # Triton-layout model repository.
 export PODIUM_V2_STATE="$(mktemp -d /tmp/podium-v2.XXXXXX)"
 export PODIUM_V2_REPOSITORY="$(mktemp -d /tmp/podium-v2repo.XXXXXX)"
+# The local deployment's own V2 server (it publishes the orchestrator's real model name, as the
+# served-policy tests of the rest do, so the two must not share a server's repository).
+DEPLOYMENT_V2_STATE="$(mktemp -d /tmp/podium-v2.XXXXXX)"
 cleanup() {
   bash scripts/v2server.sh stop >&2 || true
+  PODIUM_V2_STATE="$DEPLOYMENT_V2_STATE" bash scripts/v2server.sh stop >&2 || true
   bash scripts/kafka.sh stop --dir "$KAFKA_DIR" >&2 || true
-  rm -rf "$KAFKA_DIR" "$PODIUM_V2_STATE" "$PODIUM_V2_REPOSITORY"
+  rm -rf "$KAFKA_DIR" "$PODIUM_V2_STATE" "$PODIUM_V2_REPOSITORY" "$DEPLOYMENT_V2_STATE"
 }
 servers=1
 # The broker serves clients only over TLS with SCRAM-SHA-512 and ACLs: start prints a kafka://
@@ -68,42 +91,67 @@ eval "$(bash scripts/v2server.sh start "$PODIUM_V2_REPOSITORY")"
 export PODIUM_V2_GRPC PODIUM_V2_HTTP PODIUM_V2_REPOSITORY
 echo "test: KServe-V2 server at $PODIUM_V2_GRPC (gRPC)" >&2
 
-if ! wait "$go_tools"; then
-  cat "$RUN_TMP/go-tools.log" >&2
-  echo "test: building the Go tools failed (scripts/go-tools.sh, its log above)" >&2
-  exit 1
-fi
-background=()
-cat "$RUN_TMP/go-tools.log" >&2 # what was built (nothing on a warm cache)
+go_tools_ready base || exit 1
 export PATH="$PATH:$CACHE/go-bin" # kustomize
-export "$(grep '^PODIUM_JAEGER=' "$RUN_TMP/go-tools.env")"
-echo "test: Go tools ready (kustomize, the Go worker, Jaeger)" >&2
+echo "test: Go tools ready (kustomize, the Go worker; Jaeger for the local deployment test)" >&2
 
-# The system suites (tests/faults, tests/rollout, the drift cycle) run their own brokers and
-# service processes and spend most of their time waiting out faults and timeouts, so the whole
-# run puts them in a second pytest process beside the rest: the run takes about as long as its longer half. Each
-# process gets its own --basetemp (pytest prunes old numbered temp dirs, which would race).
-# With arguments, exactly those run in one process, as given.
-system_pid=""
-trap '[[ -n $system_pid ]] && kill "$system_pid" 2>/dev/null; finish' EXIT INT TERM
-SYSTEM_SUITES=(tests/faults tests/rollout tests/podium_app/test_cycle_kafka.py
-  tests/k8s/test_local_deployment.py tests/podium_app/train/test_train_resume_kafka.py)
+# The system suites (tests/faults, tests/rollout, the drift cycle) and the self-contained tests
+# (on brokers, buses and V2 servers of their own: crash-safe sessions with the services as
+# processes, a resumed training run, in-process session and training tests, then the local
+# deployment) run in two more pytest processes beside the rest: the system suites spend most
+# of their time waiting out faults, timeouts and process starts, and one process beside the
+# rest left about a third of two cores idle. The local deployment test runs last in its group,
+# in a pytest of its own, once Jaeger is built, on a V2 server of its own. Each process gets its
+# own --basetemp (pytest prunes old numbered temp dirs, which would race). With arguments,
+# exactly those run in one process, as given (after the whole Go build).
+SYSTEM_SUITES=(tests/faults tests/rollout tests/podium_app/test_cycle_kafka.py)
+SELF_CONTAINED=(tests/orchestrator_svc/test_sessions_kafka.py
+  tests/podium_app/train/test_train_resume_kafka.py tests/orchestrator_svc/test_sessions_crash_safe.py
+  tests/podium_app/train/test_job.py tests/podium_app/commands/test_bench_context.py)
+LOCAL_DEPLOYMENT=tests/k8s/test_local_deployment.py
+jaeger_ready() {
+  go_tools_ready jaeger && export "$(grep '^PODIUM_JAEGER=' "$GO_TOOLS/jaeger.env")"
+}
+groups=() # the pytest processes run beside the rest, each in a process group of its own
+trap 'for g in "${groups[@]}"; do kill -- "-$g" 2>/dev/null; done; finish' EXIT INT TERM
 set +e
 if (($# == 0)); then
+  set -m # each group below in a process group of its own, so the trap can end all of it
   python -m pytest "${SYSTEM_SUITES[@]}" --basetemp="$RUN_TMP/system" --durations=15 \
     >"$RUN_TMP/system.log" 2>&1 &
-  system_pid=$!
+  groups+=("$!")
+  (
+    python -m pytest "${SELF_CONTAINED[@]}" --basetemp="$RUN_TMP/contained" --durations=5
+    contained_rc=$?
+    jaeger_ready || exit 1
+    export PODIUM_V2_STATE="$DEPLOYMENT_V2_STATE"
+    mkdir -p "$DEPLOYMENT_V2_STATE/models"
+    v2_env="$(bash scripts/v2server.sh start "$DEPLOYMENT_V2_STATE/models")" || exit 1
+    eval "$v2_env"
+    export PODIUM_V2_GRPC PODIUM_V2_HTTP PODIUM_V2_REPOSITORY
+    python -m pytest "$LOCAL_DEPLOYMENT" --basetemp="$RUN_TMP/deployment" --durations=5
+    deployment_rc=$?
+    exit $((contained_rc != 0 ? contained_rc : deployment_rc))
+  ) >"$RUN_TMP/contained.log" 2>&1 &
+  groups+=("$!")
+  set +m
   python -m pytest --basetemp="$RUN_TMP/main" --durations=40 \
-    $(printf -- '--ignore=%s ' "${SYSTEM_SUITES[@]}")
+    $(printf -- '--ignore=%s ' "${SYSTEM_SUITES[@]}" "${SELF_CONTAINED[@]}" "$LOCAL_DEPLOYMENT")
   main_rc=$?
-  wait "$system_pid"
+  wait "${groups[0]}"
   system_rc=$?
-  system_pid=""
+  wait "${groups[1]}"
+  contained_rc=$?
+  groups=()
   echo "test: ---- the system suites (${SYSTEM_SUITES[*]}), run beside the rest ----"
   cat "$RUN_TMP/system.log"
-  echo "test: pytest exit $main_rc (the rest), $system_rc (the system suites)" >&2
-  rc=$((main_rc != 0 ? main_rc : system_rc))
+  echo "test: ---- the self-contained tests (${SELF_CONTAINED[*]} $LOCAL_DEPLOYMENT), run beside the rest ----"
+  cat "$RUN_TMP/contained.log"
+  echo "test: pytest exit $main_rc (the rest), $system_rc (the system suites)," \
+    "$contained_rc (the self-contained tests)" >&2
+  rc=$((main_rc != 0 ? main_rc : system_rc != 0 ? system_rc : contained_rc))
 else
+  jaeger_ready || exit 1
   python -m pytest "$@"
   rc=$?
 fi
