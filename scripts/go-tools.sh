@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# Builds the Go tools the tests run, each once into ${PODIUM_CACHE:-~/.cache/podium}/go-bin
-# (minutes on a fresh machine, nothing after), one after another, so the builds share Go's
-# module and build caches without contending for them:
-#   go-tools.sh          kustomize and the Go worker (the tests' own), then Jaeger
-#   go-tools.sh STATE    the same, and as each part ends it writes its exit status to
-#                        STATE/base.rc (kustomize, the Go worker), STATE/jaeger.rc (Jaeger), and
-#                        Jaeger's line (PODIUM_JAEGER=<the binary>) to STATE/jaeger.env, so a
-#                        caller that starts it in the background can wait for each part alone
+# go-tools.sh STATE: builds the Go tools the tests run, each once into
+# ${PODIUM_CACHE:-~/.cache/podium}/go-bin (minutes on a fresh machine, nothing after), one after
+# another, so the builds share Go's module and build caches without contending for them:
+# kustomize and the Go worker (the tests' own), then Jaeger. As each part ends it writes its
+# exit status to STATE/base.rc and STATE/jaeger.rc, and Jaeger's line (PODIUM_JAEGER=<the
+# binary>) to STATE/jaeger.env, so a caller that starts it in the background can wait for
+# each part alone.
 # scripts/test.sh runs it in the background while it makes the environment and lints, and runs
 # the tests that need only the first part before Jaeger (the longest build) is done.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${PODIUM_CACHE:-$HOME/.cache/podium}"
-STATE="${1:-}"
+STATE="${1:?usage: go-tools.sh STATE, a directory for the exit status of each part}"
 
 base() {
   set -e
@@ -29,15 +28,10 @@ base() {
 # Each part in a subshell, so `set -e` ends the part, not the script, and both statuses are told.
 (base)
 base_rc=$?
+echo "$base_rc" >"$STATE/base.rc"
 # Jaeger, the trace backend the local deployment runs (tests/k8s/test_local_deployment.py),
 # built once per version.
-if [[ -n $STATE ]]; then
-  echo "$base_rc" >"$STATE/base.rc"
-  bash "$ROOT/scripts/jaeger.sh" >"$STATE/jaeger.env"
-  jaeger_rc=$?
-  echo "$jaeger_rc" >"$STATE/jaeger.rc"
-else
-  bash "$ROOT/scripts/jaeger.sh"
-  jaeger_rc=$?
-fi
+bash "$ROOT/scripts/jaeger.sh" >"$STATE/jaeger.env"
+jaeger_rc=$?
+echo "$jaeger_rc" >"$STATE/jaeger.rc"
 exit $((base_rc != 0 ? base_rc : jaeger_rc))

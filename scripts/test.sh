@@ -8,7 +8,7 @@ cd "$ROOT"
 START=$(date +%s)
 CACHE="${PODIUM_CACHE:-$HOME/.cache/podium}"
 RUN_TMP="$(mktemp -d /tmp/podium-test.XXXXXX)"
-background=() # process groups started here (setsid), ended with everything else
+background=() # process groups started here (the Go build, the pytest processes beside the rest)
 servers=""    # set once the broker and the inference server are being started
 finish() {
   local group
@@ -25,11 +25,12 @@ trap finish EXIT INT TERM
 GO_TOOLS="$RUN_TMP/go-tools"
 mkdir -p "$GO_TOOLS"
 setsid bash scripts/go-tools.sh "$GO_TOOLS" 2>"$GO_TOOLS/log" &
-background+=("$!")
+go_tools=$!
+background+=("$go_tools")
 # go_tools_ready PART: wait until that part of the build has ended; its exit status.
 go_tools_ready() {
   while [[ ! -s "$GO_TOOLS/$1.rc" ]]; do
-    if ! kill -0 "${background[0]}" 2>/dev/null && [[ ! -s "$GO_TOOLS/$1.rc" ]]; then
+    if ! kill -0 "$go_tools" 2>/dev/null && [[ ! -s "$GO_TOOLS/$1.rc" ]]; then
       echo "test: the Go tools' build ended before its $1 part (scripts/go-tools.sh)" >&2
       cat "$GO_TOOLS/log" >&2
       return 1
@@ -112,14 +113,12 @@ LOCAL_DEPLOYMENT=tests/k8s/test_local_deployment.py
 jaeger_ready() {
   go_tools_ready jaeger && export "$(grep '^PODIUM_JAEGER=' "$GO_TOOLS/jaeger.env")"
 }
-groups=() # the pytest processes run beside the rest, each in a process group of its own
-trap 'for g in "${groups[@]}"; do kill -- "-$g" 2>/dev/null; done; finish' EXIT INT TERM
 set +e
 if (($# == 0)); then
-  set -m # each group below in a process group of its own, so the trap can end all of it
+  set -m # each pytest below in a process group of its own, so finish() can end all of it
   python -m pytest "${SYSTEM_SUITES[@]}" --basetemp="$RUN_TMP/system" --durations=15 \
     >"$RUN_TMP/system.log" 2>&1 &
-  groups+=("$!")
+  system=$!
   (
     python -m pytest "${SELF_CONTAINED[@]}" --basetemp="$RUN_TMP/contained" --durations=5
     contained_rc=$?
@@ -133,16 +132,17 @@ if (($# == 0)); then
     deployment_rc=$?
     exit $((contained_rc != 0 ? contained_rc : deployment_rc))
   ) >"$RUN_TMP/contained.log" 2>&1 &
-  groups+=("$!")
+  contained=$!
+  background+=("$system" "$contained")
   set +m
   python -m pytest --basetemp="$RUN_TMP/main" --durations=40 \
     $(printf -- '--ignore=%s ' "${SYSTEM_SUITES[@]}" "${SELF_CONTAINED[@]}" "$LOCAL_DEPLOYMENT")
   main_rc=$?
-  wait "${groups[0]}"
+  wait "$system"
   system_rc=$?
-  wait "${groups[1]}"
+  wait "$contained"
   contained_rc=$?
-  groups=()
+  background=() # all ended: nothing for finish() to signal
   echo "test: ---- the system suites (${SYSTEM_SUITES[*]}), run beside the rest ----"
   cat "$RUN_TMP/system.log"
   echo "test: ---- the self-contained tests (${SELF_CONTAINED[*]} $LOCAL_DEPLOYMENT), run beside the rest ----"
