@@ -1,8 +1,8 @@
 """A local single-node Apache Kafka broker (KRaft) for development and integration tests.
 
 The broker is the real Apache Kafka release, fetched from Maven Central with ``mvn`` (the
-``org.apache.kafka:kafka_2.13`` artifact and its runtime dependencies, see
-``scripts/kafka/pom.xml``) into a cache outside the checkout, and run as one combined
+``org.apache.kafka:kafka_2.13`` artifact and its runtime dependencies, plus ``kafka-tools``
+for the console consumer, see ``scripts/kafka/pom.xml``) into a cache outside the checkout, and run as one combined
 broker+controller (``process.roles=broker,controller``) on 127.0.0.1:
 
     eval "$(scripts/kafka.sh start)"   # exports PODIUM_KAFKA_BOOTSTRAP (a kafka:// URL)
@@ -20,9 +20,11 @@ unauthenticated broker for development.
 
 Tests that need a broker of their own (to ``kill -9`` it) use :class:`KafkaBroker` directly.
 
-Version: Kafka 3.9.x is the last line that still serves the older protocol versions aiokafka
-speaks (4.0 removed them, see KIP-896); with it aiokafka's idempotent producer, consumer
-groups and transactions all work, which ``tests/podium_app/test_kafka_broker.py`` proves.
+Version: the release the Kubernetes manifests run (``k8s/base/kafka.yaml``), so the tests meet
+the broker production meets. aiokafka's idempotent producer, consumer groups and transactions
+work against it, which ``tests/podium_app/test_kafka_broker.py`` proves (Kafka 4.0 removed
+the oldest protocol versions, KIP-896; aiokafka negotiates newer ones). librdkafka clients need
+2.6.1 or later to log in with SCRAM (docs/kafka.md).
 
 This module uses only the standard library (and podium.errors and podium.topics, themselves
 stdlib only), so ``scripts/kafka.sh`` runs without a venv; TLS material needs ``openssl``.
@@ -64,7 +66,7 @@ from podium_app.kafka_auth import (
     request,
 )
 
-KAFKA_VERSION = "3.9.1"
+KAFKA_VERSION = "4.2.1"
 """Pinned Apache Kafka release (Scala 2.13 build)."""
 
 SECURITY_MODES = ("sasl_ssl", "plaintext")

@@ -44,10 +44,10 @@ go_tools_ready() {
   fi
 }
 
-# System tools the tests use as independent clients: protoc (decode events) and kcat (read topics).
+# A system tool the tests use as an independent client: protoc (decode events). Kafka's own
+# console consumer (read topics) comes with the broker's jars (scripts/kafka.sh fetch).
 need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
-command -v kcat >/dev/null 2>&1 || need+=(kcat)
 if ((${#need[@]})); then
   echo "test: installing ${need[*]}" >&2
   SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"

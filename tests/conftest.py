@@ -38,7 +38,8 @@ def kafka_bootstrap() -> str:
     """The real broker as a ``kafka://`` URL with its security settings (a bare ``host:port``
     in the variable means a plaintext broker), or skip (by hand) / fail (CI) when there is
     none. Raw clients use :func:`kafka_helpers.client_kwargs`, service processes
-    :func:`kafka_helpers.kafka_url`, kcat :func:`kafka_helpers.kcat_args`."""
+    :func:`kafka_helpers.kafka_url`, librdkafka :func:`kafka_helpers.librdkafka_config`, Kafka's
+    console consumer :func:`kafka_helpers.console_consumer`."""
     bootstrap = os.environ.get(KAFKA_ENV, "").strip()
     if not bootstrap:
         if _in_ci():

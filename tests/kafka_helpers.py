@@ -6,11 +6,13 @@
   service process or :func:`podium.bus.connect`;
 * :func:`client_kwargs`: keyword arguments for a raw aiokafka client (tests that read topics
   back without Podium's bus);
-* :func:`kcat_args`: the ``-b``/``-X`` arguments of ``kcat``;
+* :func:`librdkafka_config`: the settings of a librdkafka client (``confluent_kafka``);
+* :func:`console_consumer`: the command line of Kafka's own console consumer (the broker's
+  release, Java), an outside reader of what Podium writes;
 * :func:`bus_env`: ``PODIUM_BUS`` plus the password, for a service process whose environment
   is otherwise stripped of ``PODIUM_*``.
 
-All three go through :class:`podium.bus.KafkaConfig`, so a test connects exactly as a service
+All of them go through :class:`podium.bus.KafkaConfig`, so a test connects exactly as a service
 configured with the same URL would.
 """
 
@@ -19,13 +21,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import shutil
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from podium.bus import KafkaConfig
 from podium.bus.kafka import SASL_PASSWORD_ENV
 from podium_app.kafka_auth import ADMIN_USER
-from podium_app.kafka_broker import KafkaBroker
+from podium_app.kafka_broker import KafkaBroker, fetch
 
 
 def as_url(bootstrap: str) -> str:
@@ -68,19 +72,57 @@ def client_kwargs(base: str) -> dict[str, Any]:
     return config_for(base).client_kwargs()
 
 
-def kcat_args(base: str) -> list[str]:
-    """``-b BROKERS`` and the ``-X`` security properties of ``kcat`` (librdkafka)."""
+def librdkafka_config(base: str) -> dict[str, str]:
+    """Brokers and security settings of a librdkafka client (``confluent_kafka.Producer``)."""
     cfg = config_for(base)
-    args = ["-b", cfg.bootstrap_servers]
+    settings = {"bootstrap.servers": cfg.bootstrap_servers}
     if cfg.security_protocol != "PLAINTEXT":
-        args += ["-X", f"security.protocol={cfg.security_protocol.lower()}"]
+        settings["security.protocol"] = cfg.security_protocol.lower()
     if cfg.security_protocol.startswith("SASL"):
-        args += ["-X", f"sasl.mechanisms={cfg.sasl_mechanism}"]
-        args += ["-X", f"sasl.username={cfg.sasl_username}"]
-        args += ["-X", f"sasl.password={cfg.sasl_password}"]
+        settings["sasl.mechanisms"] = cfg.sasl_mechanism
+        settings["sasl.username"] = cfg.sasl_username or ""
+        settings["sasl.password"] = cfg.sasl_password or ""
     if cfg.ssl_cafile:
-        args += ["-X", f"ssl.ca.location={cfg.ssl_cafile}"]
-    return args
+        settings["ssl.ca.location"] = cfg.ssl_cafile
+    return settings
+
+
+def java_client_properties(base: str) -> str:
+    """The Java client's settings for ``base``: the ``--command-config`` file of Kafka's tools."""
+    cfg = config_for(base)
+    lines = [f"security.protocol={cfg.security_protocol}"]
+    if cfg.security_protocol.startswith("SASL"):
+        module = (
+            "scram.ScramLoginModule"
+            if cfg.sasl_mechanism.startswith("SCRAM")
+            else "plain.PlainLoginModule"
+        )
+        lines += [
+            f"sasl.mechanism={cfg.sasl_mechanism}",
+            f"sasl.jaas.config=org.apache.kafka.common.security.{module} required "
+            f'username="{cfg.sasl_username}" password="{cfg.sasl_password}";',
+        ]
+    if cfg.ssl_cafile:
+        lines += ["ssl.truststore.type=PEM", f"ssl.truststore.location={cfg.ssl_cafile}"]
+    return "\n".join(lines) + "\n"
+
+
+def console_consumer(base: str, workdir: Path, *args: str) -> list[str]:
+    """The command line of Kafka's console consumer (``kafka-console-consumer.sh``), from the
+    jars of the pinned release (:func:`podium_app.kafka_broker.fetch`), reading ``base``; its
+    settings file (it holds the password) is written under ``workdir`` with mode 0600."""
+    java = shutil.which("java")
+    if java is None:
+        raise RuntimeError("`java` is not on PATH: Kafka's console consumer needs it")
+    settings = workdir / "console-consumer.properties"
+    settings.touch(mode=0o600)
+    settings.write_text(java_client_properties(base))
+    return [
+        *(java, "-cp", f"{fetch()}/*", "org.apache.kafka.tools.consumer.ConsoleConsumer"),
+        *("--bootstrap-server", config_for(base).bootstrap_servers),
+        *("--command-config", str(settings)),
+        *args,
+    ]
 
 
 def bus_env(url: str) -> dict[str, str]:

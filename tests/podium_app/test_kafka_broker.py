@@ -7,8 +7,9 @@
 * aiokafka transactions work against the pinned broker version: committed records are
   visible to ``read_committed`` consumers, aborted ones are not, and consume-transform-produce
   commits the input offsets atomically with the output.
-* What Podium writes is readable without Podium: ``kcat`` consumes it and ``protoc --decode``
-  turns a record value into a readable envelope (the commands documented in docs/kafka.md).
+* What Podium writes is readable without Podium: Kafka's own console consumer (Java, the
+  broker's release) reads it and ``protoc --decode`` turns a record value into a readable
+  envelope (the commands documented in docs/kafka.md).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from kafka_helpers import broker_config, client_kwargs, config_for, kcat_args
+from kafka_helpers import broker_config, client_kwargs, config_for, console_consumer
 
 from podium import codec
 from podium.bus import EventPublisher, KafkaBus, KafkaConfig, TopicSpec
@@ -280,39 +281,41 @@ async def test_consume_transform_produce_commits_offsets_in_the_transaction(
     assert out == [b"0", b"10", b"20", b"30", b"40"]
 
 
-async def test_kcat_and_protoc_read_what_podium_wrote(
-    kafka_bus: KafkaBus, kafka_bootstrap: str, unique: Names
+async def test_the_console_consumer_and_protoc_read_what_podium_wrote(
+    kafka_bus: KafkaBus, kafka_bootstrap: str, unique: Names, tmp_path: Path
 ) -> None:
-    kcat, protoc = _tool("kcat"), _tool("protoc")
-    topic = unique("kcat")
-    sent = await EventPublisher(kafka_bus, producer_name="kcat-test").publish(
+    _tool("java")
+    protoc = _tool("protoc")
+    topic = unique("console")
+    sent = await EventPublisher(kafka_bus, producer_name="console-test").publish(
         topic,
         task_pb2.TaskSubmitted(session_id="sess-42", submitted_by="alice", seed=9),
         key="sess-42",
     )
-    # The exact commands of docs/kafka.md. Blocking tools run in a thread, off the event loop.
+    # The commands of docs/kafka.md. Blocking tools run in a thread, off the event loop.
+    read_one = f"--topic {topic} --from-beginning --max-messages 1 --timeout-ms 30000".split()
+    printed = ("partition", "offset", "key")
     listing = await _run(
-        kcat, *kcat_args(kafka_bootstrap), "-C", "-t", topic, "-o", "beginning", "-e", "-q",
-        "-f", "%t %p %o %k\\n",
-    )  # fmt: skip
+        *console_consumer(kafka_bootstrap, tmp_path, *read_one),
+        *(arg for field in printed for arg in ("--formatter-property", f"print.{field}=true")),
+        *("--formatter-property", "print.value=false"),
+    )
     assert listing.decode().split() == [
-        topic,
-        str(sent.metadata.partition),
-        str(sent.metadata.offset),
+        f"Partition:{sent.metadata.partition}",
+        f"Offset:{sent.metadata.offset}",
         "sess-42",
     ]
-    value = await _run(
-        kcat, *kcat_args(kafka_bootstrap), "-C", "-t", topic, "-o", "beginning", "-c", "1",
-        "-e", "-q",
-        "-f", "%s",
-    )  # fmt: skip
+    # The console consumer writes the value's bytes as they are, then a line separator.
+    line = await _run(*console_consumer(kafka_bootstrap, tmp_path, *read_one))
+    assert line.endswith(b"\n")
+    value = line[:-1]
     assert value == sent.envelope.SerializeToString()
     protoc_cmd = [protoc, "--decode", "podium.v1.Envelope", "-I", "protos"]
     text = await _run(*protoc_cmd, "protos/podium/v1/envelope.proto", stdin=value)
     decoded = text.decode()
     assert f'event_id: "{sent.envelope.event_id}"' in decoded
     assert 'type: "podium.v1.TaskSubmitted"' in decoded
-    assert 'producer: "kcat-test"' in decoded
+    assert 'producer: "console-test"' in decoded
     assert 'key: "sess-42"' in decoded
 
 
