@@ -62,8 +62,11 @@ async def _serve_a_version(
 
 
 def _layered() -> list[TaskSpec]:
-    """The shipped layered tasks: test subtasks off the critical path, room to scout."""
-    return [t for t in default_tasks() if t.name.startswith("layered")]
+    """The shipped layered tasks (test subtasks off the critical path, room to scout) of up
+    to 45 subtasks. Not the 60-subtask one: its trajectory under an untrained network (about
+    880 KB) is so near ``PODIUM_MAX_TRAJECTORY_BYTES`` (900 KiB) that a loaded machine's few
+    extra WAIT decisions get it trimmed, tensors first, which these tests would misread."""
+    return [t for t in default_tasks() if t.name.startswith("layered") and len(t.subtasks) <= 45]
 
 
 async def test_argmax_sessions_scout_until_the_store_has_seen_the_agents(

@@ -63,9 +63,12 @@ def crash_after_first(checkpoint: Callable[..., None]) -> Callable[..., None]:
 
 
 def scalar_steps(run_dir: Path, tag: str) -> list[int]:
+    """The steps ``tag`` was written at, over every event file of the run, sorted: the files
+    are read in name order, and two writers of one process opened within the same second are
+    named by a counter compared as text (``….9`` after ``….10``)."""
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
-    return [e.step for e in acc.Scalars(tag)]
+    return sorted(e.step for e in acc.Scalars(tag))
 
 
 async def test_resume_continues_the_run_where_it_stopped(
