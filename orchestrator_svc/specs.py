@@ -14,17 +14,10 @@ worst spec the limits admit never blocks the event loop (health checks included)
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import contextlib
 import logging
-import os
-import pickle
-import signal
-import struct
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import yaml
@@ -33,7 +26,8 @@ from orchestrator_svc.config import OrchestratorConfig
 from podium.config import env_var
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, check_task_against_pool, parse_task
 from podium.envs.swarm.trajectory import task_from_proto
-from podium.errors import AdmissionError, SpecError
+from podium.errors import AdmissionError, SpecError, WorkerError
+from podium.procpool import WorkerPool
 from podium.v1 import task_pb2
 
 # libyaml's parser is several times faster than the pure-Python one and caps nesting depth
@@ -194,112 +188,37 @@ class _Rejected:
     field: str
 
 
-def _validate_job(
-    pool: PoolSpec, message: task_pb2.TaskSpec | None, text: str, limits: TaskLimits
+def parser_state(pool: PoolSpec, limits: TaskLimits) -> tuple[PoolSpec, TaskLimits]:
+    """A parser process's state (its ``setup``): what every spec is checked against."""
+    return pool, limits
+
+
+def parse_in_worker(
+    state: tuple[PoolSpec, TaskLimits], request: tuple[task_pb2.TaskSpec | None, str]
 ) -> TaskSpec | _Rejected:
-    """:func:`validate_task` in a parser process; a rejection is returned, not raised."""
+    """:func:`validate_task` in a parser process (its ``handle``); a rejection is returned,
+    not raised."""
+    pool, limits = state
+    message, text = request
     try:
         return validate_task(pool, message=message, text=text, limits=limits)
     except SpecError as exc:
         return _Rejected(str(exc), exc.field)
 
 
-def serve_parser() -> None:
-    """A parser process's loop: a pickled job per frame on stdin, its pickled
-    :func:`_validate_job` outcome per frame on stdout, until stdin ends.
-
-    stdin ends when :meth:`SpecWorkers.close` closes it or when the service process is gone
-    (kill -9 included: the kernel closes its end of the pipe), so a parser never outlives the
-    service. Started by :data:`PARSER_COMMAND`; runs nothing of the service's main module.
-    """
-    # SIGINT reaches the whole process group (Ctrl-C): the service decides when parsers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # whatever a library prints goes to stderr, never into the replies
-    jobs = sys.stdin.buffer
-    while (header := jobs.read(_FRAME.size)) and len(header) == _FRAME.size:
-        (size,) = _FRAME.unpack(header)
-        pool, message, text, limits = pickle.loads(jobs.read(size))
-        reply = pickle.dumps(_validate_job(pool, message, text, limits))
-        try:
-            replies.write(_FRAME.pack(len(reply)) + reply)
-            replies.flush()
-        except BrokenPipeError:
-            return  # the service is gone
-
-
-_FRAME = struct.Struct(">I")
-"""A frame's header: the pickle's length."""
-
-PARSER_COMMAND = "from orchestrator_svc.specs import serve_parser; serve_parser()"
-"""What a parser process runs (``python -c``): an explicit entry point, so a parser needs
-nothing of the service's main module. multiprocessing's spawn re-imports ``__main__`` in
-every child, which fails for a service embedded in a ``python -`` stdin script (there is no
-file to import) and re-runs a script that lacks a ``__main__`` guard."""
-
-
-class _ParserDied(Exception):
-    """A parser process ended before answering; ``sent``: after its job reached it (so it
-    may have died of the job), not before (it was gone already)."""
-
-    def __init__(self, *, sent: bool) -> None:
-        super().__init__("the spec parser died")
-        self.sent = sent
-
-
-@dataclass(eq=False)
-class _Parser:
-    """One parser process and its pipes."""
-
-    process: asyncio.subprocess.Process
-
-    @classmethod
-    async def start(cls) -> _Parser:
-        """A new parser process, on the service's own interpreter and import path."""
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            PARSER_COMMAND,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=env,
-        )
-        return cls(process)
-
-    async def run(self, job: bytes) -> bytes:
-        """Send one job, return its reply; :class:`_ParserDied` if the process ended first."""
-        stdin, stdout = self.process.stdin, self.process.stdout
-        assert stdin is not None and stdout is not None
-        try:
-            stdin.write(_FRAME.pack(len(job)) + job)
-            await stdin.drain()
-        except OSError as exc:  # a broken pipe: nobody reads it any more
-            raise _ParserDied(sent=False) from exc
-        try:
-            (size,) = _FRAME.unpack(await stdout.readexactly(_FRAME.size))
-            return await stdout.readexactly(size)
-        except (OSError, asyncio.IncompleteReadError) as exc:  # it ended while on the job
-            raise _ParserDied(sent=True) from exc
-
-    def finish(self) -> None:
-        """No more jobs: the process exits after the one in hand."""
-        if self.process.stdin is not None and not self.process.stdin.is_closing():
-            self.process.stdin.close()
-
-
 class SpecWorkers:
-    """Validates task specs in :data:`PARSER_PROCESSES` worker processes, off the event loop.
+    """Validates task specs in :data:`PARSER_PROCESSES` worker processes, off the event loop
+    (a :class:`~podium.procpool.WorkerPool`).
 
     Processes, not threads: libyaml and the garbage collector hold the GIL for tens of ms at a
     time, so a parser *thread* still stalled the loop by 0.2-0.5 s under a few maximal specs
-    (measured); a process has its own GIL and stalls it by under 0.05 s. They are started
-    (never forked: forking a process that runs gRPC is unsafe) as ``python -c``
-    :data:`PARSER_COMMAND`, one as the server starts (:meth:`warm`) and the rest on demand,
-    live as long as the server (exiting with it, kill -9 included: their stdin ends), and one
-    that dies is replaced. At most ``max_pending`` specs
-    wait or run at once; beyond that :meth:`validate` raises :class:`AdmissionError` at once
-    instead of queueing without bound (each waiting spec holds up to the request size limit).
+    (measured); a process has its own GIL and stalls it by under 0.05 s. One starts as the
+    server starts (:meth:`warm`), the rest on demand; they live as long as the server (exiting
+    with it, kill -9 included) and one that dies is replaced. A spec whose parser died on it
+    is tried once more on a new one; a second death is blamed on the spec. At most
+    ``max_pending`` specs wait or run at once; beyond that :meth:`validate` raises
+    :class:`AdmissionError` at once instead of queueing without bound (each waiting spec holds
+    up to the request size limit).
     """
 
     def __init__(self, pool: PoolSpec, limits: TaskLimits, *, max_pending: int) -> None:
@@ -307,34 +226,19 @@ class SpecWorkers:
         self.limits = limits
         self.max_pending = max_pending
         self.pending = 0
-        self._parsers: set[_Parser] = set()
-        self._idle: list[_Parser] = []
-        self._waiters: collections.deque[asyncio.Future[_Parser | None]] = collections.deque()
-        self._exchanges: set[asyncio.Task[bytes]] = set()
-        self._starting = 0
         self._closed = False
-        self._warming: asyncio.Task[None] | None = None
+        self._parsers = WorkerPool(
+            "spec parser", PARSER_PROCESSES, partial(parser_state, pool, limits), parse_in_worker
+        )
 
     def warm(self) -> None:
         """Start one parser now, in the background, so the first spec after a start does not
-        wait for a process to spawn and import (about a second). A failed start is logged;
-        the first :meth:`validate` then starts one as usual."""
-        if self._warming is None and not self._closed:
-            self._warming = asyncio.get_running_loop().create_task(self._warm())
-
-    async def _warm(self) -> None:
-        if self._parsers or self._starting:
-            return  # a spec arrived first and started its own
-        try:
-            parser = await self._start()
-        except OSError as exc:
-            _log.warning("could not start a spec parser ahead of the first spec: %s", exc)
-            return
-        self._release(parser)
+        wait for a process to start and import (about a second)."""
+        self._parsers.warm()
 
     def pids(self) -> list[int]:
         """Process ids of the parser processes running now."""
-        return [p.process.pid for p in self._parsers if p.process.returncode is None]
+        return list(self._parsers.pids())
 
     async def validate(
         self, *, message: task_pb2.TaskSpec | None = None, text: str = ""
@@ -353,129 +257,32 @@ class SpecWorkers:
             )
         self.pending += 1
         try:
-            outcome = await self._run(message, text)
+            outcome = await self._parse(message, text)
         finally:
             self.pending -= 1
         if isinstance(outcome, _Rejected):
             raise SpecError(outcome.message, field=outcome.field)
         return outcome
 
-    async def _run(self, message: task_pb2.TaskSpec | None, text: str) -> TaskSpec | _Rejected:
-        """One job; if its parser died (killed, out of memory) it is replaced and the job
-        tried once more, and a second death on the job is blamed on the spec (a parser found
-        dead before the job reached it is not counted, but tried at most
-        :data:`PARSER_PROCESSES` times)."""
-        job = pickle.dumps((self.pool, message, text, self.limits))
-        deaths = 0
-        for _attempt in range(2 + PARSER_PROCESSES):
-            parser = await self._acquire()
-            exchange = asyncio.ensure_future(self._exchange(parser, job))
-            self._exchanges.add(exchange)
-            exchange.add_done_callback(self._exchanges.discard)
+    async def _parse(self, message: task_pb2.TaskSpec | None, text: str) -> TaskSpec | _Rejected:
+        """One spec, tried once more if its parser died on it (killed, out of memory)."""
+        for attempt in range(2):
             try:
-                # Shielded: a caller that gives up leaves the exchange to finish, so the
-                # parser's reply is read and the parser reused, never left half-way.
-                reply = await asyncio.shield(exchange)
-            except _ParserDied as died:
-                deaths += died.sent
-                if deaths < 2:
-                    continue
-                break
-            outcome: TaskSpec | _Rejected = pickle.loads(reply)
-            return outcome
+                outcome: TaskSpec | _Rejected = await self._parsers.call((message, text))
+                return outcome
+            except WorkerError as exc:
+                if self._closed:
+                    raise AdmissionError(
+                        "the server is stopping: its spec parsers are shut down"
+                    ) from exc
+                if not exc.retriable:
+                    raise
+                _log.warning("spec parser died on a spec (try %d of 2): %s", attempt + 1, exc)
         field = TEXT_FIELD if text else "task"
         raise SpecError(f"{field}: the spec parser died on this spec", field=field)
 
-    async def _exchange(self, parser: _Parser, job: bytes) -> bytes:
-        """``job`` on ``parser``, which then serves the next caller (or is dropped, dead)."""
-        try:
-            reply = await parser.run(job)
-        except BaseException:
-            self._drop(parser)
-            raise
-        self._release(parser)
-        return reply
-
-    async def _acquire(self) -> _Parser:
-        """An idle parser, a new one while there are fewer than :data:`PARSER_PROCESSES`, or
-        the next one freed."""
-        while True:
-            if self._closed:
-                raise AdmissionError("the server is stopping: its spec parsers are shut down")
-            while self._idle:
-                idle = self._idle.pop()
-                if idle.process.returncode is None:
-                    return idle
-                self._parsers.discard(idle)  # died while idle (killed, out of memory)
-            if len(self._parsers) + self._starting < PARSER_PROCESSES:
-                return await self._start()
-            waiter: asyncio.Future[_Parser | None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                parser = await waiter
-            except asyncio.CancelledError:
-                # Handed a parser just as the caller gave up: pass it on.
-                handed = None if waiter.cancelled() or not waiter.done() else waiter.result()
-                if handed is not None:
-                    self._release(handed)
-                raise
-            if parser is not None:
-                return parser
-            # None: a parser died, there is room to start another.
-
-    async def _start(self) -> _Parser:
-        """A new parser, counted from before it runs (so callers arriving meanwhile do not
-        start more than :data:`PARSER_PROCESSES`)."""
-        self._starting += 1
-        try:
-            parser = await _Parser.start()
-        finally:
-            self._starting -= 1
-        self._parsers.add(parser)
-        return parser
-
-    def _release(self, parser: _Parser) -> None:
-        """``parser`` is free: to the first caller still waiting, else idle."""
-        if self._closed:
-            parser.finish()
-            return
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(parser)
-                return
-        self._idle.append(parser)
-
-    def _drop(self, parser: _Parser) -> None:
-        """``parser`` died (or its exchange broke): forget it, make room for a new one."""
-        self._parsers.discard(parser)
-        with contextlib.suppress(ProcessLookupError):
-            parser.process.kill()
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
     async def close(self, timeout_s: float = 5.0) -> None:
-        """Drop specs not started yet; the processes exit after the spec in hand (those still
+        """Refuse specs not started yet; the processes exit after the spec in hand (those still
         running after ``timeout_s`` are killed)."""
         self._closed = True
-        if self._warming is not None:
-            await asyncio.wait([self._warming])  # its parser is then counted below
-        while self._waiters:
-            self._waiters.popleft().cancel()
-        self._idle.clear()
-        parsers = list(self._parsers)
-        for parser in parsers:
-            parser.finish()
-        if not parsers:
-            return
-        waits = [asyncio.ensure_future(p.process.wait()) for p in parsers]
-        _done, late = await asyncio.wait(waits, timeout=timeout_s)
-        for parser in parsers:
-            if parser.process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    parser.process.kill()
-        if late:
-            await asyncio.wait(late, timeout=1.0)
+        await self._parsers.close(timeout_s)

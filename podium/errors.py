@@ -117,7 +117,8 @@ class QuestionFileError(PodiumError):
 
 
 class WorkerError(PodiumError):
-    """A plug-in's worker process failed (:mod:`podium.context.procpool`): it died mid-call
-    (killed, out of memory; retriable: a replacement serves the next call), failed to start,
-    or raised an error its caller does not expect (not retriable: the same input fails
-    again). The message names the pool, the process id and what happened."""
+    """A worker process failed (:mod:`podium.procpool`: the search plug-ins' workers, the
+    orchestrator's spec parsers): it died mid-call (killed, out of memory; retriable: a
+    replacement serves the next call), failed to start, or raised an error its caller does not
+    expect (not retriable: the same input fails again). The message names the pool, the
+    process id and what happened."""

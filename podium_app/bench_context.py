@@ -33,7 +33,6 @@ from orchestrator_svc.app import OrchestratorApp
 from orchestrator_svc.config import OrchestratorConfig
 from podium.bus import InProcBus
 from podium.context.index import ContextIndex
-from podium.context.procpool import resolve_processes
 from podium.context.questions import Question
 from podium.context.wide import (
     LEXICAL,
@@ -46,6 +45,7 @@ from podium.context.wide import (
 )
 from podium.envs.swarm.spec import PoolSpec, TaskSpec
 from podium.errors import PodiumError
+from podium.procpool import resolve_processes
 from podium.subagents import load_subagent
 from podium.v1 import session_service_pb2, session_service_pb2_grpc
 from subagent_svc.app import SubagentApp

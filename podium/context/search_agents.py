@@ -17,11 +17,11 @@ Their options (the agent's ``options:`` in the pool spec):
     Hits per search (default 10; search agents only).
 ``processes``
     Search agents only: worker processes that run the searches (default 0: in this process,
-    in threads). ``N`` keeps a pool of N spawned workers (:mod:`podium.context.procpool`),
+    in threads). ``N`` keeps a pool of N worker processes (:mod:`podium.procpool`),
     each with the index open once and torch on one thread, so searches run on N cores
     instead of taking turns under the GIL; ``auto``: one per CPU this process may use, at
     most 8. Searches that arrive while every worker is busy go to the next free one
-    together (:class:`~podium.context.procpool.Batcher`): a dense worker embeds them in one
+    together (:class:`~podium.procpool.Batcher`): a dense worker embeds them in one
     call, about half the CPU a query of embedding them one by one.
 
 Outputs are JSON, so a dependent (a merge step, the Context-1 agent) reads them without
@@ -51,8 +51,8 @@ from typing import Any
 
 from podium.context.corpus import Chunk
 from podium.context.index import ContextIndex, Hit
-from podium.context.procpool import Batcher, WorkerPool, resolve_processes
 from podium.errors import CorpusError, IndexUnavailable, PluginError
+from podium.procpool import Batcher, WorkerPool, resolve_processes
 from podium.subagents.plugin import ExecutionReport, ExecutionRequest, ToolCallRecord
 from podium.tokens import count_tokens
 

@@ -25,6 +25,7 @@ from orchestrator_svc.specs import SpecWorkers, TaskLimits
 from podium import topics
 from podium.bus import InProcBus
 from podium.envs.swarm.spec import default_pool
+from podium.procpool import WORKER_COMMAND
 from podium.v1 import session_service_pb2 as ss
 from podium.v1 import session_service_pb2_grpc, task_pb2
 
@@ -312,7 +313,8 @@ async def test_a_parser_starts_with_the_server_and_takes_the_first_spec(
 
 
 def _parser_children() -> list[int]:
-    """Pids of this process's children that run the spec parser (read from /proc)."""
+    """Pids of this process's children that run a worker process, the spec parser here (read
+    from /proc)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -322,7 +324,7 @@ def _parser_children() -> list[int]:
             command = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue  # it ended while read
-        if ppid == os.getpid() and b"serve_parser" in command:
+        if ppid == os.getpid() and WORKER_COMMAND.encode() in command:
             found.append(int(entry.name))
     return found
 

@@ -16,8 +16,8 @@ from podium.context.generate import all_questions, generate
 from podium.context.heuristics import BASELINES, run_episode
 from podium.context.index import ContextIndex
 from podium.context.learned import save_learned_policy
-from podium.context.procpool import resolve_processes
 from podium.context.questions import GoldSpan, Question, load_questions, write_questions
+from podium.procpool import resolve_processes
 from podium.rl.networks import ActorCritic
 from podium_app.bench_context import measure_wide, most_at_once
 from podium_app.cli import main
