@@ -18,6 +18,7 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from process_helpers import worker_children
 
 from orchestrator_svc import OrchestratorApp, OrchestratorConfig
 from orchestrator_svc.grpc_api import FIELD_METADATA_KEY, LIMIT_METADATA_KEY
@@ -25,7 +26,6 @@ from orchestrator_svc.specs import SpecWorkers, TaskLimits
 from podium import topics
 from podium.bus import InProcBus
 from podium.envs.swarm.spec import default_pool
-from podium.procpool import WORKER_COMMAND
 from podium.v1 import session_service_pb2 as ss
 from podium.v1 import session_service_pb2_grpc, task_pb2
 
@@ -312,23 +312,6 @@ async def test_a_parser_starts_with_the_server_and_takes_the_first_spec(
         assert app.grpc.specs.pids() == warm  # parsed there: no second process was needed
 
 
-def _parser_children() -> list[int]:
-    """Pids of this process's children that run a worker process, the spec parser here (read
-    from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue  # it ended while read
-        if ppid == os.getpid() and WORKER_COMMAND.encode() in command:
-            found.append(int(entry.name))
-    return found
-
-
 async def test_closing_while_the_first_parser_starts_leaves_no_process() -> None:
     workers = SpecWorkers(default_pool(), TaskLimits(1000, 8), max_pending=4)
     workers.warm()
@@ -338,7 +321,7 @@ async def test_closing_while_the_first_parser_starts_leaves_no_process() -> None
     # later (a start left behind would spawn its parser after close() returned).
     deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
-        assert not _parser_children(), "a spec parser runs after close()"
+        assert not worker_children(), "a spec parser runs after close()"
         await asyncio.sleep(0.05)
 
 

@@ -15,9 +15,10 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from process_helpers import worker_children
 
 from podium.errors import WorkerError
-from podium.procpool import WORKER_COMMAND, Batcher, WorkerPool, resolve_processes
+from podium.procpool import Batcher, WorkerPool, resolve_processes
 
 
 def pool(processes: int = 1, start: str = "6") -> WorkerPool:
@@ -275,19 +276,3 @@ def test_a_function_of_the_main_module_is_refused_naming_the_fix() -> None:
         WorkerPool("main", 1, _main_setup, operator.truediv)
     with pytest.raises(ValueError, match=r"handle .* is defined in __main__"):
         WorkerPool("main", 1, partial(int, "6"), partial(_main_setup))
-
-
-def worker_children() -> list[int]:
-    """Pids of this process's children that run a worker (read from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue  # it ended while read
-        if ppid == os.getpid() and WORKER_COMMAND.encode() in command:
-            found.append(int(entry.name))
-    return found
