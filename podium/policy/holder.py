@@ -97,9 +97,15 @@ class PolicyHolder(Generic[P]):
         :class:`ArtifactError`; the previous version keeps serving. An empty ``sha256`` is
         refused: falling back to the sidecar would trust whoever rewrote the file.
         """
+        built = self.build(uri, version, sha256)
+        return self.current() if built is None else self.publish(built)
+
+    def build(self, uri: str | Path, version: int, sha256: str) -> Served[P] | None:
+        """:meth:`load` without the swap: the verified, built snapshot, or None when
+        ``version`` is not newer than the serving one (nothing is read then)."""
         served = self._served
         if served is not None and version <= served.version:
-            return served
+            return None
         path = path_from_uri(str(uri))
         try:
             if not sha256:
@@ -116,7 +122,7 @@ class PolicyHolder(Generic[P]):
             err = ArtifactError(f"{path}: version {version} could not be built: {exc}")
             self.last_error = err
             raise err from exc
-        return self.publish(Served(version, policy, weights.sha256, str(path)))
+        return Served(version, policy, weights.sha256, str(path))
 
     def publish(self, new: Served[P]) -> Served[P]:
         """Serve an already built snapshot if it is newer than the serving one; return the
@@ -161,8 +167,11 @@ class PolicyHolder(Generic[P]):
         return served.version == int(event.version)
 
     async def aload(self, uri: str | Path, version: int, sha256: str) -> Served[P]:
-        """:meth:`load` in a worker thread, so decisions on the event loop keep running."""
-        return await asyncio.to_thread(self.load, uri, version, sha256)
+        """:meth:`load` with the file work in a worker thread, so decisions on the event loop
+        keep running, and the swap on the caller's thread: what the caller does right after
+        (the orchestrator logs the version loaded) happens before any decision runs on it."""
+        built = await asyncio.to_thread(self.build, uri, version, sha256)
+        return self.current() if built is None else self.publish(built)
 
 
 def build_actor_critic(weights: LoadedWeights) -> ActorCritic:

@@ -196,6 +196,45 @@ async def test_hot_swap_under_concurrent_async_decisions(tmp_path: Path) -> None
     assert (tmp_path / "orch" / "5" / WEIGHTS_FILE).exists()
 
 
+async def test_the_announced_version_serves_no_decision_before_its_loader_resumes(
+    tmp_path: Path,
+) -> None:
+    """The swap happens on the event loop, as the awaited load returns: whatever its caller does
+    next (the orchestrator logs the version loaded, and ``podium bench pipeline`` times sessions
+    from that line) comes before any decision on the new version. Swapped in the worker thread,
+    the deciders below would see version 2 while the loader still waits to be resumed."""
+    refs = {v: _publish(tmp_path, v) for v in (1, 2)}
+    holder = _holder()
+    holder.load(refs[1][0].uri, 1, refs[1][0].sha256)
+    resumed = False
+    early: list[int] = []
+    done = asyncio.Event()
+
+    async def decider() -> None:
+        while not done.is_set():
+            version, _ = holder.decide(_decide)
+            if version == 2 and not resumed:
+                early.append(version)
+            await asyncio.sleep(0)
+
+    tasks = [asyncio.create_task(decider()) for _ in range(4)]
+    assert await holder.on_policy_updated(_event(refs[2][0]))
+    resumed = True
+    await asyncio.sleep(0.01)
+    done.set()
+    await asyncio.gather(*tasks)
+    assert holder.version == 2 and early == []
+
+
+def test_build_verifies_without_serving(tmp_path: Path) -> None:
+    ref, _ = _publish(tmp_path, 1)
+    holder = _holder()
+    built = holder.build(ref.uri, 1, ref.sha256)
+    assert built is not None and built.version == 1 and holder.version is None
+    holder.publish(built)
+    assert holder.version == 1 and holder.build(ref.uri, 1, ref.sha256) is None
+
+
 # -- the trust chain (issue 12): only signed, hashed, newer announcements are served ------------
 
 
