@@ -3,6 +3,7 @@ this test process has started, read from ``/proc`` (so a process no pool knows o
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -23,3 +24,17 @@ def worker_children() -> list[int]:
         if ppid == os.getpid() and WORKER_COMMAND.encode() in command:
             found.append(int(entry.name))
     return found
+
+
+def gone(pids: tuple[int, ...]) -> bool:
+    """No process of ``pids`` exists any more (reaped, not a zombie)."""
+    return not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+async def gone_within(pids: tuple[int, ...], seconds: float) -> bool:
+    """``gone(pids)`` becomes true within ``seconds``."""
+    for _ in range(int(seconds / 0.05)):
+        if gone(pids):
+            return True
+        await asyncio.sleep(0.05)
+    return gone(pids)

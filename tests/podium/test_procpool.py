@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from process_helpers import worker_children
+from process_helpers import gone, gone_within, worker_children
 
 from podium.errors import WorkerError
 from podium.procpool import Batcher, WorkerPool, resolve_processes
@@ -24,11 +24,6 @@ from podium.procpool import Batcher, WorkerPool, resolve_processes
 def pool(processes: int = 1, start: str = "6") -> WorkerPool:
     """Workers whose state is ``int(start)`` and that answer ``state / request``."""
     return WorkerPool("divide", processes, partial(int, start), operator.truediv, (TypeError,))
-
-
-def gone(pids: tuple[int, ...]) -> bool:
-    """No process of ``pids`` exists any more (reaped, not a zombie)."""
-    return not any(Path(f"/proc/{pid}").exists() for pid in pids)
 
 
 async def test_concurrent_calls_run_in_separate_worker_processes() -> None:
@@ -83,15 +78,6 @@ async def started_call(workers: WorkerPool, request: float) -> tuple[asyncio.Tas
     call = asyncio.create_task(workers.call(request))
     await asyncio.sleep(0.3)  # the request is on its way: the worker is waiting on it
     return call, pid
-
-
-async def gone_within(pids: tuple[int, ...], seconds: float) -> bool:
-    """``gone(pids)`` becomes true within ``seconds``."""
-    for _ in range(int(seconds / 0.05)):
-        if gone(pids):
-            return True
-        await asyncio.sleep(0.05)
-    return gone(pids)
 
 
 async def test_a_worker_killed_mid_call_fails_that_call_and_the_next_one_works() -> None:

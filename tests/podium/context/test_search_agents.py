@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_helpers import gone_within
 
 from podium.context.index import ContextIndex
 from podium.context.search_agents import SearchAgent
@@ -206,20 +207,32 @@ async def test_dense_searches_waiting_for_a_worker_are_embedded_together_with_th
         )
 
 
-async def test_a_killed_search_worker_is_a_clear_retriable_error_and_the_next_search_works(
+async def test_a_worker_killed_mid_search_is_a_retriable_error_and_an_idle_one_is_replaced(
     index: ContextIndex,
 ) -> None:
     searcher = searcher_in_processes("bm25-search", index, "1")
     try:
         first = await searcher.execute(request("sigprocmask"))
         [pid] = searcher.worker_pids
+        # Stopped, the worker takes the next request in and cannot answer it: it dies with the
+        # search in hand, whatever the machine's load.
+        os.kill(pid, signal.SIGSTOP)
+        pending = asyncio.create_task(searcher.execute(request("sigprocmask", "q2")))
+        await asyncio.sleep(0.3)
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(WorkerError, match=f"bm25-search: worker process {pid} died") as caught:
-            await searcher.execute(request("sigprocmask", "q2"))
+            await pending
         assert caught.value.retriable  # subagent_svc redelivers the assignment
         again = await searcher.execute(request("sigprocmask", "q3"))
         assert again.success and again.output == first.output
-        assert searcher.worker_pids and searcher.worker_pids != (pid,)
+        [second] = searcher.worker_pids
+        assert second != pid
+        # Dead while idle, before a search reached it: the search goes to a new worker.
+        os.kill(second, signal.SIGKILL)
+        assert await gone_within((second,), 30)
+        third = await searcher.execute(request("sigprocmask", "q4"))
+        assert third.success and third.output == first.output
+        assert searcher.worker_pids and second not in searcher.worker_pids
     finally:
         await searcher.close()
 
