@@ -29,7 +29,7 @@ from podium.bus.base import Bus, Record, TopicSpec
 from podium.bus.consumer import EventConsumer, EventPublisher
 from podium.codec import unpack_as
 from podium.envs.swarm.drift import DriftingPool, DriftSchedule, load_drift
-from podium.envs.swarm.pool import SubagentPool
+from podium.envs.swarm.pool import SubagentPool, merge_work_factor
 from podium.envs.swarm.spec import (
     RUNNER_EXTERNAL,
     RUNNER_SIMULATED,
@@ -37,6 +37,7 @@ from podium.envs.swarm.spec import (
     default_pool,
     load_pool,
 )
+from podium.envs.swarm.state import MERGE_SUFFIX
 from podium.errors import ConfigError, SpecError
 from podium.metrics import record_subagent_execution
 from podium.service import ServiceShell, default_instance_name
@@ -106,8 +107,14 @@ def published_at(envelope: envelope_pb2.Envelope) -> float | None:
     return envelope.produced_at.ToNanoseconds() / 1e9
 
 
-def execute(pool: SubagentPool, assigned: subtask_pb2.SubtaskAssigned) -> subtask_pb2.SubtaskResult:
+def execute(
+    pool: SubagentPool, assigned: subtask_pb2.SubtaskAssigned, merge_factor: float = 1.0
+) -> subtask_pb2.SubtaskResult:
     """Simulate one execution: a pure function of the pool and the assignment.
+
+    ``merge_factor``: how many times more work a merge (``<id>#merge``) really is than the
+    orchestrator planned it (:func:`~podium.envs.swarm.pool.merge_work_factor`), as the
+    simulator draws it.
 
     An assignment the pool cannot run (unknown agent, agent without that kind, work <= 0)
     comes back as a MALFORMED result naming the problem: the orchestrator is waiting for
@@ -136,7 +143,8 @@ def execute(pool: SubagentPool, assigned: subtask_pb2.SubtaskAssigned) -> subtas
         base.outcome = subtask_pb2.OUTCOME_MALFORMED
         base.error = problem
         return base
-    sample = pool.sample(assigned.agent, assigned.kind, work, int(assigned.seed))
+    true_work = work * merge_factor if assigned.subtask_id.endswith(MERGE_SUFFIX) else work
+    sample = pool.sample(assigned.agent, assigned.kind, true_work, int(assigned.seed))
     digest = output_digest(assigned)
     base.end_time = assigned.sim_time + sample.duration
     base.tool_calls.append(
@@ -319,7 +327,9 @@ class SubagentApp:
             result.context.CopyFrom(assigned.context)
         else:
             wall_start = time.time()
-            result = execute(self.true_pool.at(wall_start), assigned)
+            pool = self.true_pool.at(wall_start)
+            merge_factor = merge_work_factor(self.pool.spec, pool.spec)
+            result = execute(pool, assigned, merge_factor)
             duration = result.end_time - result.start_time
             if self.config.time_scale > 0 and duration > 0:
                 # Pacing only: the outcome was fixed by the seed before the sleep.

@@ -36,6 +36,19 @@ agent saturates at ``1 / (1 − 2^(−1/half_life)) ≈ 1.44 × half_life``. Dec
 that pair's executions (not wall time): an agent used rarely keeps its evidence.
 
 Noise is not estimated: :attr:`Estimate.noise` is the advertised σ (no planner reads it yet).
+
+**Merges.** A split's merge is planned as ``split_overhead × work`` of the pool spec; what it
+really costs is the pool's, not an agent's (a drift may make it costlier,
+:mod:`podium.envs.swarm.drift`). So merges are kept apart from the agents' cells: each one
+observed gives the ratio of its pace (duration / planned work) to the merging agent's pace on
+that kind as observed so far, a sample of how many times the planned cost a merge really is
+(E = the true factor, the agent's speed cancelling out); decayed in merges as the cells are in
+executions, blended with a prior of 1 worth ``prior_weight`` merges (:meth:`AgentStats.
+merge_factor`). A merge on a pair with no execution observed yet says nothing and is skipped.
+:meth:`AgentStats.estimated_world` applies it; :meth:`AgentStats.estimated_pool`, what the
+rule engines and the observation's advice plan on, does not: the rollout controller's twins
+meet merges as observed, while cpls-online, like the issue that defines it, plans on agent
+profiles.
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from podium.envs.swarm.spec import WILDCARD_KIND, AgentSpec, KindProfile, PoolSpec, default_pool
+from podium.envs.swarm.state import MERGE_SUFFIX
 from podium.errors import ConfigError, DecodeError, ProcessingError
 from podium.v1 import subtask_pb2, task_pb2, trajectory_pb2
 
@@ -53,8 +67,6 @@ FORMAT = 1
 """Version of :meth:`AgentStats.to_dict`'s layout (refused by :meth:`AgentStats.from_dict`
 when different)."""
 
-MERGE_SUFFIX = "#merge"
-"""Unit-id suffix of a split subtask's merge (``podium.envs.swarm.state``'s naming)."""
 
 _RECORDED = frozenset(
     {subtask_pb2.OUTCOME_SUCCESS, subtask_pb2.OUTCOME_FAILURE, subtask_pb2.OUTCOME_MALFORMED}
@@ -93,6 +105,14 @@ class _Cell:
     pace: float = 0.0
 
 
+@dataclass(slots=True)
+class _Merges:
+    """Decayed sums of the merges observed: how many, and Σ their pace / the agent's pace."""
+
+    n: float = 0.0
+    ratio: float = 0.0
+
+
 def _finite(value: float, name: str) -> float:
     """``value`` as a float, or ProcessingError naming it when it is not a finite number."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -121,6 +141,7 @@ class AgentStats:
         self.prior_weight = _positive(prior_weight, "prior_weight")
         self._keep = 2.0 ** (-1.0 / self.half_life)
         self._cells: dict[tuple[str, str], _Cell] = {}
+        self._merges = _Merges()
         self.version = 0
         """Bumped by every execution recorded: a cache key for whoever derives from it."""
 
@@ -132,18 +153,41 @@ class AgentStats:
 
     # ------------------------------------------------------------------ feeding
 
-    def record(self, agent: str, kind: str, work: float, duration: float, success: bool) -> None:
-        """One execution of ``work`` units of ``kind`` on ``agent`` that lasted ``duration``.
+    def record(
+        self,
+        agent: str,
+        kind: str,
+        work: float,
+        duration: float,
+        success: bool,
+        *,
+        merge: bool = False,
+    ) -> None:
+        """One execution of ``work`` units of ``kind`` on ``agent`` that lasted ``duration``;
+        ``merge``: it was a split's merge and ``work`` its planned work (kept apart, see the
+        module docstring).
 
         Raises ProcessingError (nothing recorded) for an empty name, work that is not a finite
         number > 0, or a duration that is not a finite number >= 0.
         """
         self._check(agent, kind, work, duration)
+        if merge:
+            self._record_merge(agent, kind, work, duration)
+            return
         cell = self._cells.setdefault((agent, kind), _Cell())
         keep = self._keep
         cell.n = cell.n * keep + 1.0
         cell.successes = cell.successes * keep + (1.0 if success else 0.0)
         cell.pace = cell.pace * keep + duration / work
+        self.version += 1
+
+    def _record_merge(self, agent: str, kind: str, work: float, duration: float) -> None:
+        cell = self._cells.get((agent, kind))
+        if cell is None or cell.pace <= 0:  # nothing to compare the merge's pace with
+            return
+        merges = self._merges
+        merges.n = merges.n * self._keep + 1.0
+        merges.ratio = merges.ratio * self._keep + (duration / work) / (cell.pace / cell.n)
         self.version += 1
 
     @staticmethod
@@ -179,8 +223,8 @@ class AgentStats:
         if _finite(overhead, "split_overhead") <= 0:
             raise ConfigError(f"split_overhead must be > 0, got {overhead!r}")
         rows = trajectory_executions(traj, overhead)
-        for agent, kind, work, duration, success in rows:
-            self.record(agent, kind, work, duration, success)
+        for agent, kind, work, duration, success, merge in rows:
+            self.record(agent, kind, work, duration, success, merge=merge)
         return len(rows)
 
     # ------------------------------------------------------------------ reading
@@ -189,6 +233,17 @@ class AgentStats:
         """Effective (decayed) number of executions of ``kind`` on ``agent`` observed."""
         cell = self._cells.get((agent, kind))
         return 0.0 if cell is None else cell.n
+
+    def merge_factor(self) -> float:
+        """How many times its planned cost a merge is believed to really cost (1: as planned;
+        the prior, worth ``prior_weight`` merges, blended with the merges observed)."""
+        w = self.prior_weight
+        return (w + self._merges.ratio) / (w + self._merges.n)
+
+    @property
+    def merges_observed(self) -> float:
+        """Effective (decayed) number of merges observed."""
+        return self._merges.n
 
     def pairs(self) -> list[tuple[str, str]]:
         """The (agent, kind) pairs observed, sorted."""
@@ -229,6 +284,14 @@ class AgentStats:
         agents = tuple(self._estimated_agent(a) for a in advertised.agents)
         return replace(advertised, agents=agents)
 
+    def estimated_world(self, spec: PoolSpec) -> PoolSpec:
+        """:meth:`estimated_pool` with merges at their observed cost too (``split_overhead`` ×
+        :meth:`merge_factor`): the world as observed, for whoever must reproduce sessions in
+        it (the rollout controller's twins) rather than plan on agent profiles."""
+        pool = self.estimated_pool(spec)
+        factor = self.merge_factor()
+        return pool if factor == 1.0 else replace(pool, split_overhead=pool.split_overhead * factor)
+
     def _estimated_agent(self, agent: AgentSpec) -> AgentSpec:
         kinds = list(agent.kinds)
         if WILDCARD_KIND in agent.kinds:
@@ -248,6 +311,7 @@ class AgentStats:
         """An independent copy (the same settings, sums and version)."""
         out = AgentStats(half_life=self.half_life, prior_weight=self.prior_weight)
         out._cells = {k: _Cell(c.n, c.successes, c.pace) for k, c in self._cells.items()}
+        out._merges = _Merges(self._merges.n, self._merges.ratio)
         out.version = self.version
         return out
 
@@ -262,6 +326,7 @@ class AgentStats:
                 {"agent": a, "kind": k, "n": c.n, "successes": c.successes, "pace": c.pace}
                 for (a, k), c in sorted(self._cells.items())
             ],
+            "merges": {"n": self._merges.n, "ratio": self._merges.ratio},
         }
 
     @classmethod
@@ -287,6 +352,7 @@ class AgentStats:
             if key in out._cells:
                 raise ConfigError(f"agent stats pairs[{i}]: {key} appears twice")
             out._cells[key] = cell
+        out._merges = _merges_from_dict(data.get("merges", {"n": 0.0, "ratio": 0.0}))
         return out
 
 
@@ -300,6 +366,20 @@ def _positive(value: float, name: str) -> float:
     ):
         raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
+
+
+def _merges_from_dict(row: Any) -> _Merges:
+    """The ``merges`` of :meth:`AgentStats.to_dict` (absent in stores written before it: none
+    observed), checked (ConfigError naming the field)."""
+    if not isinstance(row, dict):
+        raise ConfigError(f"agent stats merges must be a mapping, got {row!r}")
+    values = []
+    for name in ("n", "ratio"):
+        v = row.get(name)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"agent stats merges.{name} must be a finite number >= 0, got {v!r}")
+        values.append(float(v))
+    return _Merges(*values)
 
 
 def _pair_from_dict(row: Any, where: str) -> tuple[tuple[str, str], _Cell]:
@@ -323,8 +403,8 @@ def _pair_from_dict(row: Any, where: str) -> tuple[tuple[str, str], _Cell]:
 
 # --------------------------------------------------------------------------- trajectories
 
-Row = tuple[str, str, float, float, bool]
-"""One execution as the store records it: (agent, kind, work, duration, success)."""
+Row = tuple[str, str, float, float, bool, bool]
+"""One execution as the store records it: (agent, kind, work, duration, success, merge)."""
 
 
 def trajectory_executions(traj: trajectory_pb2.Trajectory, split_overhead: float) -> list[Row]:
@@ -348,9 +428,9 @@ def trajectory_executions(traj: trajectory_pb2.Trajectory, split_overhead: float
             raise DecodeError(f"{where}: no agent")
         if not math.isfinite(work) or work <= 0:
             raise DecodeError(f"{where}: work {work!r} is not a finite number > 0")
-        rows.append(
-            (ex.agent, base.kind, work, duration, ex.outcome == subtask_pb2.OUTCOME_SUCCESS)
-        )
+        success = ex.outcome == subtask_pb2.OUTCOME_SUCCESS
+        merge = ex.split_k > 1 and ex.subtask_id.endswith(MERGE_SUFFIX)
+        rows.append((ex.agent, base.kind, work, duration, success, merge))
     return rows
 
 

@@ -23,7 +23,8 @@ session met (below); twins never touch sub-agents.
 the live ones do — only a caller that knows the truth can give it (tests, benches). A real
 controller cannot: with a statistics store (``stats=``, :class:`~podium.observed.AgentStats`)
 and no ``true_pool``, outcomes are drawn from the store's *estimated* pool
-(:meth:`~podium.observed.AgentStats.estimated_pool`, taken at each :meth:`TwinEvaluator.run`),
+(:meth:`~podium.observed.AgentStats.estimated_world`: the agents' estimated profiles and the
+merges at their observed cost, taken at each :meth:`TwinEvaluator.run`),
 so the luck is still the session's (same seed, same draws) but the profiles are the ones
 observed: after the sub-agents drift, policies are compared on the world as it is now seen,
 not as the pool spec advertises it — the best the controller knows. Every policy reads the
@@ -259,13 +260,13 @@ class TwinEvaluator:
 
     def outcome_pool(self) -> SubagentPool | None:
         """What twins draw outcomes from now: ``true_pool`` when given; else the store's
-        estimated pool at its current version (rebuilt only when the store changed); else
+        estimated world at its current version (rebuilt only when the store changed); else
         None (the nominal pool, or the truth its spec carries)."""
         if self.true_pool is not None or self.stats is None:
             return self.true_pool
         key = (id(self.stats), self.stats.version)
         if self._estimated is None or self._estimated[0] != key:
-            estimated = SubagentPool(self.stats.estimated_pool(self.pool.spec))
+            estimated = SubagentPool(self.stats.estimated_world(self.pool.spec))
             self._estimated = (key, estimated)
         return self._estimated[1]
 

@@ -274,6 +274,9 @@ def preferred_drift(
     changes: list[DriftChange] = []
     said: list[str] = []
     for change in schedule.changes:
+        if change.agent is None:  # the pool's merges: every policy meets them
+            changes.append(change)
+            continue
         named = agents[change.agent]
         kinds = (
             [change.kind]

@@ -58,7 +58,7 @@ class TrainPool:
     @property
     def truth(self) -> PoolSpec | None:
         """What the simulator draws from when it is not the advertisement; None otherwise."""
-        return self.spec.true_spec() if self.spec.truth is not None else None
+        return self.spec.true_spec() if self.spec.has_truth else None
 
 
 @dataclass(slots=True)
@@ -200,7 +200,7 @@ def describe_pool(pool: TrainPool) -> dict[str, Any]:
         "source": pool.source,
         "agents": list(pool.spec.agent_names()),
         "kinds": list(pool.spec.kinds),
-        "true_profiles": pool.spec.truth is not None,
+        "true_profiles": pool.spec.has_truth,
         "deviations": {a: d.value for a, d in deviations(pool.spec).items()},
     }
 

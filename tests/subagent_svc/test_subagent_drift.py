@@ -165,3 +165,42 @@ async def test_a_pool_with_true_profiles_and_drift_is_sampled_from_its_truth(
         SubagentConfig(bus_url="embedded", pool_spec=str(pool_file), drift="none"), inproc_bus
     )
     assert explicit.true_pool.at(time.time()).profile("backend", "api").speed == 0.5  # type: ignore[union-attr]
+
+
+def _merge(n: int, split_k: int = 2, part: str = "merge") -> subtask_pb2.SubtaskAssigned:
+    """Assignment ``n`` as a unit of ``api`` split ``split_k`` ways: its merge (work 0.6 of 4,
+    the advertised 0.15 overhead) or chunk ``part``."""
+    out = assignment(n)
+    out.subtask_id = f"api#{part}"
+    out.split_k = split_k
+    out.context.subtask.id = out.subtask_id
+    out.context.subtask.work = 0.6 if part == "merge" else 2.0
+    return out
+
+
+async def test_merges_cost_what_the_true_pool_says(inproc_bus: InProcBus, tmp_path: Path) -> None:
+    """The orchestrator plans a merge at the advertised overhead; the worker draws it at the
+    true one: the pool file's own ``true: {split_overhead: ...}``, times the drift's
+    ``merge_factor`` once that is in effect. A chunk is not a merge."""
+    pool_file = tmp_path / "pool.yaml"
+    pool_file.write_text(
+        "name: costly\n"
+        "split_overhead: 0.15\n"
+        "true: {split_overhead: 0.3}\n"
+        "agents:\n"
+        "  - name: backend\n"
+        "    kinds: {api: {speed: 1.0, success: 0.95, noise: 0.2}}\n"
+    )
+    drift = scenario(tmp_path, "name: m\nchanges: [{at_s: 60, merge_factor: 4}]\n")
+    config = SubagentConfig(
+        bus_url="embedded", pool_spec=str(pool_file), drift=drift, drift_origin=time.time()
+    )
+    worker = SubagentApp(config, inproc_bus)
+    plain = SubagentPool(default_pool())
+    merge, chunk = _merge(1), _merge(2, part="1")
+    expected = execute(plain, merge).end_time
+    assert (await worker._execute(merge, None)).end_time == pytest.approx(2 * expected)
+    assert (await worker._execute(chunk, None)).end_time == execute(plain, chunk).end_time
+    worker.true_pool.origin -= 61  # the drift's change is now in effect
+    assert (await worker._execute(merge, None)).end_time == pytest.approx(8 * expected)
+    assert (await worker._execute(chunk, None)).end_time == execute(plain, chunk).end_time

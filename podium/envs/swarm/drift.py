@@ -18,10 +18,18 @@ A scenario file (YAML or JSON; shipped ones in ``podium/data/drift/``)::
         kind: test          # optional: one kind; omitted = every kind the agent does
         speed_factor: 0.2   # optional, > 0: true speed = nominal speed x factor
         success_factor: 1.0 # optional, >= 0: true success = min(1, nominal x factor)
+      - at_s: 60            # no agent: a change of the pool itself
+        merge_factor: 8     # > 0: a split's merge really costs split_overhead x factor
 
 Factors are relative to the *nominal* profile, never compounded: for one (agent, kind) the
 change in effect at ``t`` is the latest one with ``at_s <= t`` (file order breaks ties), so a
-later change with factors 1 restores the agent. Noise never drifts.
+later change with factors 1 restores the agent. Noise never drifts. Likewise the pool's merge
+cost at ``t`` is the latest pool change's ``merge_factor`` × the nominal ``split_overhead``.
+Planners keep planning merges at the nominal overhead
+(:func:`~podium.envs.swarm.pool.merge_work_factor`): the statistics store estimates the merge
+cost apart from the agents' profiles (:meth:`~podium.observed.AgentStats.merge_factor`), the
+rollout controller's twins meet it, and no rule engine plans on it: a change that only a
+learner's returns turn into other decisions.
 """
 
 from __future__ import annotations
@@ -38,25 +46,28 @@ from podium.envs.swarm.spec import WILDCARD_KIND, KindProfile, PoolSpec, read_do
 from podium.errors import SpecError
 
 _SCHEDULE_KEYS = frozenset({"name", "description", "changes"})
-_CHANGE_KEYS = frozenset({"at_s", "agent", "kind", "speed_factor", "success_factor"})
+_AGENT_CHANGE_KEYS = frozenset({"at_s", "agent", "kind", "speed_factor", "success_factor"})
+_POOL_CHANGE_KEYS = frozenset({"at_s", "merge_factor"})
 SCENARIO_SUFFIXES = (".yaml", ".yml", ".json")
 """Suffixes of scenario files (a bare name is looked up with each, in this order)."""
 
 
 @dataclass(frozen=True, slots=True)
 class DriftChange:
-    """One change of one agent's true behaviour, from ``at_s`` on."""
+    """One change of one agent's true behaviour, or of the pool's merges, from ``at_s`` on."""
 
     at_s: float
     """Seconds since the schedule's origin at which it takes effect (>= 0)."""
-    agent: str
-    """The agent whose behaviour changes."""
+    agent: str | None
+    """The agent whose behaviour changes; None: a change of the pool (:attr:`merge_factor`)."""
     kind: str | None = None
     """The kind it changes for; None: every kind the agent declares (``"*"`` included)."""
     speed_factor: float = 1.0
     """True speed = nominal speed × this (> 0)."""
     success_factor: float = 1.0
     """True success = min(1, nominal success × this) (>= 0)."""
+    merge_factor: float = 1.0
+    """A pool change's: true ``split_overhead`` = nominal × this (> 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +87,14 @@ class DriftSchedule:
         agents = {a.name: a for a in nominal.agents}
         for i, change in enumerate(self.changes):
             where = f"drift {self.name!r}: changes[{i}]"
+            if change.agent is None:
+                if change.merge_factor != 1.0 and nominal.split_overhead <= 0:
+                    raise SpecError(
+                        f"{where}.merge_factor: pool {nominal.name!r} plans merges as free "
+                        "(split_overhead 0); a factor cannot make them cost",
+                        field=f"changes[{i}].merge_factor",
+                    )
+                continue
             agent = agents.get(change.agent)
             if agent is None:
                 raise SpecError(
@@ -102,11 +121,15 @@ class DriftSchedule:
     def pool_at(self, nominal: PoolSpec, t_s: float) -> PoolSpec:
         """The true pool at ``t_s`` seconds since the origin: ``nominal`` itself before the
         first change, otherwise a copy with the drifted profiles (same agents, same order,
-        same kinds; only speeds and success rates differ)."""
+        same kinds; only speeds, success rates and the merge cost differ)."""
         changes = self.active(t_s)
         if not changes:
             return nominal
         self.check(nominal)
+        merge_factor = 1.0
+        for change in changes:
+            if change.agent is None:
+                merge_factor = change.merge_factor
         agents = []
         for agent in nominal.agents:
             kinds = dict(agent.kinds)
@@ -118,7 +141,8 @@ class DriftSchedule:
                     assert nominal_profile is not None  # check() above
                     kinds[kind] = _drifted(nominal_profile, change)
             agents.append(replace(agent, kinds=kinds))
-        return replace(nominal, agents=tuple(agents))
+        overhead = nominal.split_overhead * merge_factor
+        return replace(nominal, agents=tuple(agents), split_overhead=overhead)
 
 
 def _drifted(profile: KindProfile, change: DriftChange) -> KindProfile:
@@ -196,10 +220,24 @@ def parse_change(raw: Any, where: str) -> DriftChange:
     """One validated change; :class:`SpecError` naming ``where`` and the field otherwise."""
     if not isinstance(raw, Mapping):
         raise SpecError(f"{where} must be a mapping, got {raw!r}", field=where)
-    _unknown(raw, _CHANGE_KEYS, where)
     at_s = _number(raw, "at_s", where, None)
     if at_s < 0:
         raise SpecError(f"{where}.at_s must be >= 0, got {at_s:g}", field=f"{where}.at_s")
+    if "agent" not in raw:
+        if "merge_factor" not in raw:
+            raise SpecError(
+                f"{where}.agent: missing field 'agent' (a change names an agent, or changes the "
+                "pool's merges with merge_factor)",
+                field=f"{where}.agent",
+            )
+        _unknown(raw, _POOL_CHANGE_KEYS, where)
+        merge = _number(raw, "merge_factor", where, None)
+        if merge <= 0:
+            raise SpecError(
+                f"{where}.merge_factor must be > 0, got {merge:g}", field=f"{where}.merge_factor"
+            )
+        return DriftChange(at_s, None, merge_factor=merge)
+    _unknown(raw, _AGENT_CHANGE_KEYS, where)
     speed = _number(raw, "speed_factor", where, 1.0)
     if speed <= 0:
         raise SpecError(
@@ -281,6 +319,9 @@ def drift_document(schedule: DriftSchedule) -> dict[str, Any]:
     schedule): to hand a schedule made in code to ``PODIUM_SUBAGENT_DRIFT`` as a file."""
     changes: list[dict[str, Any]] = []
     for c in schedule.changes:
+        if c.agent is None:
+            changes.append({"at_s": c.at_s, "merge_factor": c.merge_factor})
+            continue
         change: dict[str, Any] = {"at_s": c.at_s, "agent": c.agent}
         if c.kind is not None:
             change["kind"] = c.kind

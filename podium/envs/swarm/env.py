@@ -61,7 +61,7 @@ from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.precompute import TaskStatic, precompute_task
 from podium.envs.swarm.simulator.executor import SwarmSimulator
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, default_pool, split_truth
-from podium.envs.swarm.state import InvalidActionError, StateConfig, SwarmState
+from podium.envs.swarm.state import MERGE_PART, InvalidActionError, StateConfig, SwarmState
 from podium.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -377,8 +377,9 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
 
     def _feed_stats(self) -> None:
         """Record the finished episode's executions into the store, once: each completed
-        execution's agent, kind, exact work (a chunk's or merge's own), duration and outcome,
-        in start order (executions cut off by the end say nothing and are skipped)."""
+        execution's agent, kind, exact work (a chunk's or merge's own, as planned), duration
+        and outcome, merges flagged (the store keeps them apart), in start order (executions
+        cut off by the end say nothing and are skipped)."""
         if self._fed:
             return
         self._fed = True
@@ -393,6 +394,7 @@ class SwarmEnv(gym.Env[NDArray[np.float32], np.int64]):
                     state.u_work[rec.unit],
                     rec.end - rec.start,
                     rec.success,
+                    merge=state.u_part[rec.unit] == MERGE_PART,
                 )
 
     def _refresh(self) -> None:

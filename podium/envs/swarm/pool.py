@@ -74,6 +74,25 @@ def sample_execution(profile: KindProfile, work: float, seed: int) -> ExecutionS
     return ExecutionSample(duration=work / profile.speed * factor, success=u3 < profile.success)
 
 
+def merge_work_factor(planned: PoolSpec, true: PoolSpec) -> float:
+    """How many times more work a merge really is than the planners' pool says: ``true``'s
+    ``split_overhead`` over ``planned``'s.
+
+    A split's merge is planned as ``split_overhead × work`` of the pool every planner reads;
+    the sub-agent doing it takes what the true pool's overhead says (a pool whose merges
+    cost more than advertised, or a drift that makes them costlier, :mod:`podium.envs.swarm.
+    drift`). Nothing a planner reads shows it: the store sees only a slower execution.
+    """
+    if true.split_overhead == planned.split_overhead:
+        return 1.0
+    if planned.split_overhead <= 0:
+        raise SpecError(
+            f"pool {planned.name!r} plans merges as free (split_overhead 0); a true "
+            f"split_overhead of {true.split_overhead:g} cannot scale them"
+        )
+    return true.split_overhead / planned.split_overhead
+
+
 class SubagentPool:
     """A :class:`PoolSpec` with its (agent, kind) profiles resolved for fast lookups."""
 

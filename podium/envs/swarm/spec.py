@@ -33,8 +33,9 @@ SPLIT_FACTORS: tuple[int, ...] = (1, 2, 4)
 _TASK_KEYS = frozenset({"name", "max_parallel", "subtasks", "description"})
 _SUBTASK_KEYS = frozenset({"id", "kind", "work", "deps", "splittable", "sensitive", "description"})
 _POOL_KEYS = frozenset(
-    {"name", "max_parallel", "main_step_cost", "split_overhead", "agents", "drift"}
+    {"name", "max_parallel", "main_step_cost", "split_overhead", "agents", "drift", "true"}
 )
+_POOL_TRUE_KEYS = frozenset({"split_overhead"})
 _AGENT_KEYS = frozenset({"name", "kinds", "true", "runner", "plugin", "options"})
 _PROFILE_KEYS = frozenset({"speed", "success", "noise"})
 
@@ -155,27 +156,37 @@ class PoolSpec:
     drift: DriftSchedule | None = None
     """How the true behaviour changes over time (``drift:`` in the file, a
     :mod:`podium.envs.swarm.drift` scenario applied over :meth:`true_spec`), or None."""
+    true_split_overhead: float | None = None
+    """What a merge really costs, as a fraction of the split subtask's work (the pool's own
+    ``true: {split_overhead: ...}``), or None when :attr:`split_overhead` is the truth.
+    Only the simulator reads it (:meth:`true_spec`); planners plan merges at
+    :attr:`split_overhead`."""
 
     def advertised(self) -> PoolSpec:
         """The pool as its agents advertise themselves: the spec every planner (rule engines,
         observation, lower bound) is given. The truth and the drift are stripped, so nothing
         holding it can read them."""
-        if self.truth is None and self.drift is None:
+        if not self.has_truth and self.drift is None:
             return self
-        return replace(self, truth=None, drift=None)
+        return replace(self, truth=None, drift=None, true_split_overhead=None)
 
     def true_spec(self) -> PoolSpec:
         """The pool the simulator draws outcomes from: the true profiles (at time 0 of the
         drift, if any), or the pool itself when it carries no truth. Same agents, same order,
         same kinds, so it is a valid ``SwarmEnv(..., true_pool=)``."""
-        if self.truth is None:
+        if not self.has_truth:
             return self.advertised()
-        return replace(self, agents=self.truth, truth=None, drift=None)
+        overhead = self.split_overhead
+        if self.true_split_overhead is not None:
+            overhead = self.true_split_overhead
+        agents = self.agents if self.truth is None else self.truth
+        return replace(self.advertised(), agents=agents, split_overhead=overhead)
 
     @property
     def has_truth(self) -> bool:
-        """Whether the pool's agents behave otherwise than advertised (``true:``)."""
-        return self.truth is not None
+        """Whether the pool behaves otherwise than advertised (an agent's ``true:``, or the
+        pool's own for its merges)."""
+        return self.truth is not None or self.true_split_overhead is not None
 
     def can_do(self, kind: str) -> bool:
         """Whether some agent can do ``kind`` with a non-zero success probability."""
@@ -495,6 +506,26 @@ def _agent(raw: Any, pos: int, source: str) -> tuple[AgentSpec, AgentSpec | None
     return agent, _true_agent(raw["true"], agent, where, source)
 
 
+def _true_pool_fields(raw: Any, source: str) -> float | None:
+    """The pool's own ``true:`` (what its merges really cost), or None when absent."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or not raw:
+        raise SpecError(
+            f"{_prefix(source)}pool.true must be a non-empty mapping "
+            f"({', '.join(sorted(_POOL_TRUE_KEYS))})",
+            field="pool.true",
+        )
+    _check_keys(raw, _POOL_TRUE_KEYS, "pool.true", source)
+    overhead = _number(raw["split_overhead"], "pool.true.split_overhead", source)
+    if overhead < 0:
+        raise SpecError(
+            f"{_prefix(source)}pool.true.split_overhead must be >= 0, got {overhead:g}",
+            field="pool.true.split_overhead",
+        )
+    return overhead
+
+
 def _drift(value: Any, source: str) -> DriftSchedule:
     """The pool's ``drift:`` scenario: a shipped name, or a file (relative paths are read
     from the pool file's directory when there is one)."""
@@ -518,6 +549,8 @@ def parse_pool(data: Any, *, source: str = "") -> PoolSpec:
         raise SpecError(
             f"{_prefix(source)}a pool spec must be a mapping, got {type(data).__name__}"
         )
+    # YAML 1.1 reads an unquoted ``true:`` key as the boolean True; it means the field.
+    data = {("true" if k is True else k): v for k, v in data.items()}
     _check_keys(data, _POOL_KEYS, "pool", source)
     max_parallel = _max_parallel(data.get("max_parallel", 3), "pool.max_parallel", source)
     step = _number(data.get("main_step_cost", 0.05), "pool.main_step_cost", source)
@@ -549,6 +582,7 @@ def parse_pool(data: Any, *, source: str = "") -> PoolSpec:
         name=str(data.get("name", "pool")),
         kinds=tuple(sorted({k for a in agents for k in a.kinds if k != WILDCARD_KIND})),
         truth=tuple(truth) if corrected else None,
+        true_split_overhead=_true_pool_fields(data.get("true"), source),
     )
     if data.get("drift") is None:
         return pool

@@ -45,6 +45,9 @@ WHOLE_PART = -1
 """``part`` of a unit that is the whole subtask."""
 MERGE_PART = -2
 """``part`` of a merge unit."""
+MERGE_SUFFIX = "#merge"
+"""How a merge unit's public id ends (:meth:`SwarmState.unit_id`): what a sub-agent or a
+trajectory reader knows a merge by."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +250,7 @@ class SwarmState:
         if part == WHOLE_PART:
             return sid
         if part == MERGE_PART:
-            return f"{sid}#merge"
+            return f"{sid}{MERGE_SUFFIX}"
         return f"{sid}#{part}"
 
     def next_unit(self, slot: int) -> int:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 
 from podium.envs.swarm import EnvConfig, SwarmEnv, default_pool, default_tasks, make_policy
 from podium.envs.swarm.pool import mix64, sample_execution
 from podium.envs.swarm.spec import KindProfile, PoolSpec
+from podium.envs.swarm.state import MERGE_PART
 from podium.envs.swarm.trajectory import episode_trajectory
 from podium.errors import ConfigError, DecodeError, ProcessingError
 from podium.observed import AgentStats, Estimate
@@ -244,8 +246,10 @@ def test_record_trajectory_derives_each_executions_work_from_the_task() -> None:
             state.u_work[r.unit],
             r.end - r.start,
             bool(r.success),
+            merge=state.u_part[r.unit] == MERGE_PART,
         )
     assert _sums(stats) == _sums(direct)
+    assert stats.merges_observed == direct.merges_observed > 0
     assert any(r.unit >= state.num_slots for r in finished)  # chunks and merges were recorded
 
 
@@ -284,3 +288,65 @@ def test_a_chunk_id_must_fit_its_split_factor() -> None:
     chunk.subtask_id = chunk.subtask_id.rsplit("#", 1)[0] + f"#{chunk.split_k}"
     with pytest.raises(DecodeError, match="not a chunk"):
         AgentStats().record_trajectory(traj)
+
+
+# -- merges: the pool's, kept apart from the agents ---------------------------------------------
+
+
+def _fed_by_cpls(merge_factor: float, episodes: int = 40) -> AgentStats:
+    """A store fed by cpls sessions (it reads no store) on the task library, in a world whose
+    merges really cost ``merge_factor`` x the advertised overhead."""
+    pool = default_pool()
+    truth = replace(pool, split_overhead=pool.split_overhead * merge_factor)
+    stats = AgentStats()
+    config = EnvConfig(rule_advice=False, feed_stats=True)
+    env = SwarmEnv(default_tasks(pool), pool, config, true_pool=truth, stats=stats)
+    engine = make_policy("cpls")
+    for seed in range(episodes):
+        env.reset(seed=seed)
+        while True:
+            _, _, terminated, truncated, _ = env.step(engine.act(env).action)
+            if terminated or truncated:
+                break
+    return stats
+
+
+def test_costly_merges_are_estimated_and_leave_the_agents_estimates_alone() -> None:
+    """The same sessions in a world whose merges cost 8x: the store estimates the factor from
+    the merges (the agents' speeds cancel out), and every agent's estimate is what it is when
+    merges cost what the spec says (a merge is never counted as the agent's work)."""
+    plain, costly = _fed_by_cpls(1.0), _fed_by_cpls(8.0)
+    assert costly.merges_observed > 20 and plain.merges_observed > 20
+    assert plain.merge_factor() == pytest.approx(1.0, abs=0.15)
+    assert costly.merge_factor() == pytest.approx(8.0, rel=0.2)
+    # Longer merges shift a few later decisions, so the sessions are not identical; but no
+    # agent looks slower for the merges it did (counted as its work, they would weigh 8x).
+    pool = default_pool()
+    for agent in pool.agents:
+        for kind in plain.pairs():
+            if kind[0] != agent.name:
+                continue
+            before = plain.estimate(agent.name, kind[1], agent.profile(kind[1]))
+            after = costly.estimate(agent.name, kind[1], agent.profile(kind[1]))
+            assert before is not None and after is not None
+            assert after.speed == pytest.approx(before.speed, rel=0.05), kind
+    world = costly.estimated_world(pool)
+    assert world.split_overhead == pytest.approx(pool.split_overhead * costly.merge_factor())
+    assert costly.estimated_pool(pool).split_overhead == pool.split_overhead  # what rules plan on
+    assert replace(world, split_overhead=pool.split_overhead) == costly.estimated_pool(pool)
+
+
+def test_merges_survive_a_copy_and_a_file_and_older_files_have_none() -> None:
+    stats = AgentStats()
+    stats.record("a", "api", 2.0, 2.0, True)
+    stats.record("a", "api", 0.3, 1.5, True, merge=True)  # pace 5 vs the agent's 1
+    stats.record("b", "api", 0.3, 9.0, True, merge=True)  # nothing seen of b: says nothing
+    assert stats.merges_observed == 1.0
+    assert stats.merge_factor() == pytest.approx((5.0 + 5.0) / 6.0)
+    for again in (stats.copy(), AgentStats.from_dict(json.loads(json.dumps(stats.to_dict())))):
+        assert again.merge_factor() == stats.merge_factor() and again.to_dict() == stats.to_dict()
+    older = stats.to_dict()
+    del older["merges"]
+    assert AgentStats.from_dict(older).merge_factor() == 1.0
+    with pytest.raises(ConfigError, match=r"merges\.ratio must be a finite number >= 0"):
+        AgentStats.from_dict({**stats.to_dict(), "merges": {"n": 1.0, "ratio": -1.0}})

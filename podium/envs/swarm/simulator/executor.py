@@ -17,7 +17,9 @@ end times resolve deterministically.
 Outcomes may come from a *true* pool other than the one the state, the masks and the policies
 read (``outcomes``): sub-agents whose behaviour drifted (:mod:`podium.envs.swarm.drift`) while
 the spec the planners see stays nominal. The seed of an execution does not depend on either
-pool, so the same session under the nominal and the drifted pool meets the same luck.
+pool, so the same session under the nominal and the drifted pool meets the same luck. A merge
+is planned at the state's pool's ``split_overhead`` and drawn at the true pool's
+(:func:`~podium.envs.swarm.pool.merge_work_factor`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,15 @@ import random
 from statistics import NormalDist
 from typing import Any
 
-from podium.envs.swarm.pool import SubagentPool, mix64, sample_execution, splitmix64_uniforms
+from podium.envs.swarm.pool import (
+    SubagentPool,
+    merge_work_factor,
+    mix64,
+    sample_execution,
+    splitmix64_uniforms,
+)
 from podium.envs.swarm.spec import TaskSpec
-from podium.envs.swarm.state import ExecutionRecord, StateConfig, SwarmState
+from podium.envs.swarm.state import MERGE_PART, ExecutionRecord, StateConfig, SwarmState
 from podium.errors import ConfigError, SpecError
 
 _COPIED_BY_HAND = frozenset(
@@ -116,8 +124,11 @@ class SwarmSimulator:
             for rec in recs:
                 seed = self.execution_seed(rec)
                 self.seeds[rec.id] = seed
+                work = st.u_work[rec.unit]
+                if st.u_part[rec.unit] == MERGE_PART:
+                    work *= merge_work_factor(st.pool.spec, self.outcomes.spec)
                 # Same draw as SubagentPool.sample(agent, kind, work, seed), without the lookup.
-                out = sample_execution(prof, st.u_work[rec.unit], seed)
+                out = sample_execution(prof, work, seed)
                 heapq.heappush(self._events, (rec.start + out.duration, rec.id, out.success))
         return recs
 

@@ -22,6 +22,7 @@ from podium.envs.swarm.observation import (
     ObservationEncoder,
 )
 from podium.envs.swarm.spec import PoolSpec, default_pool, parse_pool, parse_task
+from podium.envs.swarm.state import MERGE_PART
 from podium.errors import ConfigError
 from podium.observed import AgentStats
 
@@ -229,7 +230,8 @@ def test_the_store_is_fed_at_episode_end_with_each_units_exact_work() -> None:
     for r in done:
         names = env.pool.agent_names
         work = env.state.u_work[r.unit]
-        again.record(names[r.agent], "ui", work, r.end - r.start, bool(r.success))
+        merge = env.state.u_part[r.unit] == MERGE_PART
+        again.record(names[r.agent], "ui", work, r.end - r.start, bool(r.success), merge=merge)
     assert again.to_dict() == stats.to_dict()
     # The next episode reads what was fed.
     obs, _ = env.reset(seed=3)

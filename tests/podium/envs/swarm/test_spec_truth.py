@@ -23,6 +23,7 @@ from podium.envs.swarm.spec import (
 from podium.errors import SpecError
 
 POOLS = default_pool_path().parent
+ROOT = Path(__file__).resolve().parents[4]
 
 POOL: dict[str, Any] = {
     "name": "p",
@@ -186,3 +187,40 @@ def test_shipped_unseen_pool_has_other_agents_over_the_library_kinds() -> None:
     # Specialists for the same kinds as the default pool (the rest only the generalist does).
     assert set(pool.kinds) == set(default_pool().kinds)
     assert len(default_tasks(pool)) == len(default_tasks())
+
+
+def test_a_pools_own_true_merge_cost(tmp_path: Path) -> None:
+    """``true: {split_overhead: ...}`` at the pool's level: what merges really cost. Planners
+    keep the advertised overhead; the simulator's truth has the true one."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "split_overhead: 0.2\n"
+        "true:\n"
+        "  split_overhead: 0.9\n"
+        "agents:\n"
+        "  - name: a\n"
+        "    kinds: {api: {speed: 1.0, success: 0.9}}\n",
+        encoding="utf-8",
+    )
+    pool = load_pool(path)
+    assert pool.has_truth and pool.truth is None
+    assert pool.advertised().split_overhead == 0.2 and not pool.advertised().has_truth
+    truth = pool.true_spec()
+    assert truth.split_overhead == 0.9 and truth.agents == pool.agents and not truth.has_truth
+    shipped = load_pool(ROOT / "bench" / "pools" / "misadvertised-after-costly-merges.yaml")
+    assert shipped.advertised().split_overhead == 0.15 and shipped.true_spec().split_overhead == 1.2
+
+
+@pytest.mark.parametrize(
+    ("true", "needle"),
+    [
+        ({"split_overhead": -0.1}, "pool.true.split_overhead must be >= 0"),
+        ({"split_overhead": "x"}, "pool.true.split_overhead must be a number"),
+        ({"overhead": 1.0}, "pool.true: unknown field 'overhead' (allowed: split_overhead)"),
+        ({}, "pool.true must be a non-empty mapping"),
+    ],
+)
+def test_bad_pool_truths_are_named(true: Any, needle: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_pool({**POOL, "true": true}, source="p.yaml")
+    assert str(err.value).startswith("p.yaml: ") and needle in str(err.value)

@@ -3,6 +3,8 @@ sampling outcomes from a true pool while everything the planners read stays nomi
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +16,14 @@ from podium.envs.swarm.drift import (
     DriftChange,
     DriftingPool,
     DriftSchedule,
+    drift_document,
     load_drift,
     parse_drift,
     scenario_names,
 )
-from podium.envs.swarm.pool import SubagentPool
+from podium.envs.swarm.pool import SubagentPool, merge_work_factor
 from podium.envs.swarm.spec import PoolSpec
+from podium.envs.swarm.state import MERGE_SUFFIX
 from podium.errors import ConfigError, SpecError
 from podium.policy.rollout import Job, run_episodes
 
@@ -41,7 +45,19 @@ def test_shipped_scenarios_load() -> None:
         ("name: x\nchanges: [{at_s: -1, agent: qa}]", "changes[0].at_s", "must be >= 0"),
         ("name: x\nchanges: [{at_s: .nan, agent: qa}]", "changes[0].at_s", "finite number"),
         ("name: x\nchanges: [{at_s: true, agent: qa}]", "changes[0].at_s", "finite number"),
-        ("name: x\nchanges: [{at_s: 1}]", "changes[0].agent", "non-empty string"),
+        ("name: x\nchanges: [{at_s: 1}]", "changes[0].agent", "missing field 'agent'"),
+        ("name: x\nchanges: [{at_s: 1, agent: ''}]", "changes[0].agent", "non-empty string"),
+        ("name: x\nchanges: [{at_s: 1, merge_factor: 0}]", "changes[0].merge_factor", "> 0"),
+        (
+            "name: x\nchanges: [{at_s: 1, merge_factor: 2, speed_factor: 2}]",
+            "changes[0].speed_factor",
+            "unknown field 'speed_factor' (allowed: at_s, merge_factor)",
+        ),
+        (
+            "name: x\nchanges: [{at_s: 1, agent: qa, merge_factor: 2}]",
+            "changes[0].merge_factor",
+            "unknown field 'merge_factor'",
+        ),
         (
             "name: x\nchanges: [{at_s: 1, agent: qa}, {at_s: 2, agent: qa, speed_factor: 0}]",
             "changes[1].speed_factor",
@@ -226,3 +242,63 @@ def test_session_seeds_seed_the_simulator_with_the_reset_seed() -> None:
     plain = SwarmEnv([task], pool)
     plain.reset(seed=123456789)
     assert plain.sim._seed_base != reference._seed_base  # type: ignore[union-attr]
+
+
+# -- the pool's merges (costly-merges) ----------------------------------------------------------
+
+
+def test_a_pool_change_scales_the_merge_cost_and_round_trips(tmp_path: Path) -> None:
+    nominal = default_pool()
+    costly = load_drift("costly-merges")
+    assert costly.pool_at(nominal, 59.0) is nominal
+    after = costly.pool_at(nominal, 60.0)
+    assert after.split_overhead == pytest.approx(nominal.split_overhead * 8)
+    assert merge_work_factor(nominal, after) == pytest.approx(8.0)
+    assert all(
+        now.speed == pytest.approx(was.speed * 1.15)
+        for a, b in zip(nominal.agents, after.agents, strict=True)
+        for was, now in zip(a.kinds.values(), b.kinds.values(), strict=True)
+    )
+    (tmp_path / "again.json").write_text(json.dumps(drift_document(costly)))
+    assert load_drift(tmp_path / "again.json") == costly
+    restored = parse_drift(
+        {"name": "x", "changes": [{"at_s": 1, "merge_factor": 3}, {"at_s": 2, "merge_factor": 1}]}
+    )
+    assert restored.pool_at(nominal, 1.5).split_overhead == pytest.approx(0.45)
+    assert restored.pool_at(nominal, 2.0).split_overhead == pytest.approx(0.15)  # latest wins
+    free = replace(nominal, split_overhead=0.0)
+    with pytest.raises(SpecError, match="plans merges as free"):
+        costly.check(free)
+
+
+def _merge_durations(true_pool: PoolSpec | None) -> dict[str, float]:
+    """cpls on the task library's splittable task, seed 5: each unit's duration by id."""
+    pool = default_pool()
+    task = next(t for t in default_tasks(pool) if any(s.splittable for s in t.subtasks))
+    env = SwarmEnv([task], pool, true_pool=true_pool)
+    env.reset(seed=5)
+    engine = make_policy("cpls")
+    while True:
+        _, _, terminated, truncated, _ = env.step(engine.act(env).action)
+        if terminated or truncated:
+            break
+    state = env.state
+    return {
+        f"{state.unit_id(r.unit)}/{r.attempt}": r.end - r.start
+        for r in state.executions
+        if r.success is not None
+    }
+
+
+def test_merges_last_the_true_factor_longer_with_the_same_luck() -> None:
+    """Planned at the spec's overhead, drawn at the true one: every merge lasts exactly 8x as
+    long (the same seed, the same draw), every other execution exactly as long."""
+    nominal = default_pool()
+    plain = _merge_durations(None)
+    costly = _merge_durations(replace(nominal, split_overhead=nominal.split_overhead * 8))
+    merges = [u for u in plain if u.split("/")[0].endswith(MERGE_SUFFIX)]
+    assert merges, "cpls should split a subtask of this task"
+    assert plain.keys() == costly.keys()
+    for unit, duration in plain.items():
+        factor = 8.0 if unit in merges else 1.0
+        assert costly[unit] == pytest.approx(duration * factor, rel=1e-12), unit
