@@ -7,7 +7,9 @@ Two models (:attr:`PlannerConfig.model`):
   to deploy: "how much better could a scheduler do that knew exactly how the agents behave
   and looked ahead?", read in ``podium bench scheduling --policies ...,planner``.
 * ``estimates`` (``planner-online``): the statistics store's estimate of the advertised pool
-  (what cpls-online plans on), fixed for the episode. It reads nothing a deployment lacks; its
+  (what cpls-online plans on) with merges at their observed cost
+  (:meth:`~podium.observed.AgentStats.estimated_world`: what the rollout controller's twins
+  draw from too), fixed for the episode. It reads nothing a deployment lacks; its
   rollouts simulate the estimate, never the truth. It is the teacher the learned policy is
   cloned from (``podium train --teacher planner-online``): one step of policy improvement over
   cpls-online, which the network then makes cheap enough to serve.
@@ -45,14 +47,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from podium.envs.swarm.actions import FINISH, START, WAIT
-from podium.envs.swarm.baselines import Command, CplsPolicy, estimated_pool, make_policy
+from podium.envs.swarm.baselines import Command, CplsPolicy, make_policy
+from podium.envs.swarm.pool import SubagentPool
 from podium.envs.swarm.scheduling import PolicyStep, Rng, SchedulingPolicy
 from podium.envs.swarm.spec import SPLIT_FACTORS
 from podium.errors import ConfigError
 
 if TYPE_CHECKING:
     from podium.envs.swarm.env import SwarmEnv
-    from podium.envs.swarm.pool import SubagentPool
     from podium.envs.swarm.state import SwarmState
     from podium.observed import AgentStats
 
@@ -139,7 +141,8 @@ class RolloutPlanner:
         return hit[1]
 
     def _estimate(self, env: SwarmEnv) -> SubagentPool:
-        """The store's estimate of ``env``'s pool now: one object per store version, so the
+        """The store's estimated world for ``env``'s pool now (agents and merges as
+        observed): one object per store version, so the
         episodes that start between two records share it and its cpls engine's caches."""
         stats = getattr(env, "stats", None)
         if stats is None:
@@ -155,7 +158,7 @@ class RolloutPlanner:
                 stats,
                 stats.version,
                 env.pool,
-                estimated_pool(stats, env.pool),
+                SubagentPool(stats.estimated_world(env.pool.spec)),
             )
         return latest[3]
 
