@@ -37,7 +37,7 @@ from typing import Any
 
 from podium.envs.swarm import load_pool
 from podium.envs.swarm.pools import pool_variants
-from podium.envs.swarm.spec import AgentSpec, KindProfile, PoolSpec
+from podium.envs.swarm.spec import pool_to_dict
 
 POOLS = Path(__file__).resolve().parent.parent / "podium" / "data" / "pools"
 
@@ -75,40 +75,12 @@ def paired_ratio(result: dict[str, Any], policy: str, reference: str) -> tuple[f
     return statistics.fmean(per_task), overall
 
 
-def _profile(p: KindProfile) -> dict[str, float]:
-    return {"speed": p.speed, "success": p.success, "noise": p.noise}
-
-
-def _agent(adv: AgentSpec, true: AgentSpec | None) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "name": adv.name,
-        "kinds": {k: _profile(p) for k, p in adv.kinds.items()},
-    }
-    if true is not None:
-        wrong = {k: _profile(p) for k, p in true.kinds.items() if adv.kinds[k] != p}
-        if wrong:
-            out["true"] = wrong
-    return out
-
-
-def pool_document(pool: PoolSpec) -> dict[str, Any]:
-    """``pool`` as a pool spec document (docs/specs.md), its truth as ``true:`` profiles."""
-    truths = pool.truth if pool.truth is not None else (None,) * len(pool.agents)
-    return {
-        "name": pool.name,
-        "max_parallel": pool.max_parallel,
-        "main_step_cost": pool.main_step_cost,
-        "split_overhead": pool.split_overhead,
-        "agents": [_agent(a, t) for a, t in zip(pool.agents, truths, strict=True)],
-    }
-
-
 def held_out_variants(base: Path, n: int, seed: int, out: Path) -> list[Path]:
     """Write ``n`` variants of ``base`` (seeded by ``seed``) as pool files under ``out``."""
     paths = []
     for v in pool_variants(load_pool(base), n, seed):
         path = out / f"{v.name}-s{seed}.json"
-        path.write_text(json.dumps(pool_document(v), indent=2) + "\n")
+        path.write_text(json.dumps(pool_to_dict(v), indent=2) + "\n")
         paths.append(path)
     return paths
 

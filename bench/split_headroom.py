@@ -5,7 +5,7 @@ says, podium/envs/swarm/drift.py) is worth learning only if a policy that acts o
 better. This bench measures the simplest such policy: each policy (the learned one of
 ``--checkpoint`` and cpls-online, each reading a statistics store its own sessions feed) is
 replayed in the simulator on ``--sessions`` sessions of the cycle's task mix
-(``podium bench cycle``'s tasks and seeds for ``--seed``), in the world ``--drift`` leaves
+(``podium bench cycle``'s ``--tasks`` tasks and seeds for ``--seed``), in the world ``--drift`` leaves
 ``--pool`` in once every change has taken effect, once as the tasks are and once with every
 subtask made unsplittable. Both are scored against the bound of the tasks as they are (the
 planners' bound), so the figures compare with ``podium bench cycle``'s.
@@ -38,6 +38,7 @@ from podium.policy.agent import SwarmAgent
 from podium.policy.rollout import Job, run_episodes
 from podium.policy.swarm import load_policy, resolve_checkpoint
 from podium.rollout.twins import TwinPolicy, learned_twin, rule_twin
+from podium_app.cycle.config import CycleConfig
 from podium_app.cycle.measure import cycle_tasks, plan_sessions, ratio
 
 PROG = "bench/split_headroom.py"
@@ -83,6 +84,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """The figures of every policy (see the module docstring)."""
     if args.sessions < 2:
         raise ValueError("--sessions: must be >= 2")
+    if args.tasks < 1:
+        raise ValueError("--tasks: must be >= 1")
     try:
         pool = load_pool(args.pool)
         schedule = load_drift(args.drift)
@@ -91,7 +94,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     except (SpecError, ArtifactError, OSError) as exc:
         raise ValueError(str(exc)) from exc
     truth = schedule.pool_at(pool.true_spec(), LATER)
-    plan = plan_sessions(cycle_tasks(24, args.seed, pool), args.sessions, 1.0, args.seed)
+    plan = plan_sessions(cycle_tasks(args.tasks, args.seed, pool), args.sessions, 1.0, args.seed)
     tasks = [s.task for s in plan]
     seeds = [s.seed for s in plan]
     flat = [unsplittable(t) for t in tasks]
@@ -102,6 +105,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "checkpoint": str(args.checkpoint),
             "sessions": args.sessions,
             "seed": args.seed,
+            "tasks": args.tasks,
             "true_split_overhead": truth.split_overhead,
         },
         "policies": {},
@@ -134,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, required=True, help="the learned policy")
     parser.add_argument("--sessions", type=int, default=300, help="sessions per replay")
     parser.add_argument("--seed", type=int, default=0, help="the cycle's seed (tasks, luck)")
+    parser.add_argument(
+        "--tasks", type=int, default=CycleConfig().tasks, help="distinct tasks (the cycle's)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
     try:

@@ -711,6 +711,52 @@ def default_tasks(pool: PoolSpec | None = None) -> list[TaskSpec]:
     return load_tasks(default_tasks_dir(), pool if pool is not None else default_pool())
 
 
+def pool_to_dict(pool: PoolSpec) -> dict[str, Any]:
+    """The public (JSON/YAML) form of a pool: its advertisement, each simulated agent's
+    ``true:`` profiles where they differ from it, the pool's own ``true: {split_overhead}``
+    when set; ``parse_pool(pool_to_dict(p)) == p`` for a pool without ``drift:`` (a scenario
+    is written by name or file, not here). A true profile of a kind the agent does not
+    advertise (a store's estimate of a generalist's kind) cannot be written and is left out:
+    the truth may only correct advertised kinds."""
+    truths = pool.truth if pool.truth is not None else (None,) * len(pool.agents)
+    agents: list[dict[str, Any]] = []
+    for agent, true in zip(pool.agents, truths, strict=True):
+        out: dict[str, Any] = {
+            "name": agent.name,
+            "kinds": {k: _profile_to_dict(p) for k, p in agent.kinds.items()},
+        }
+        runner = agent.runner
+        if runner.kind != RUNNER_SIMULATED:
+            out["runner"] = runner.kind
+            if runner.plugin:
+                out["plugin"] = runner.plugin
+            if runner.options:
+                out["options"] = dict(runner.options)
+        if true is not None:
+            wrong = {
+                k: _profile_to_dict(p)
+                for k, p in true.kinds.items()
+                if k in agent.kinds and agent.kinds[k] != p
+            }
+            if wrong:
+                out["true"] = wrong
+        agents.append(out)
+    doc: dict[str, Any] = {
+        "name": pool.name,
+        "max_parallel": pool.max_parallel,
+        "main_step_cost": pool.main_step_cost,
+        "split_overhead": pool.split_overhead,
+    }
+    if pool.true_split_overhead is not None:
+        doc["true"] = {"split_overhead": pool.true_split_overhead}
+    doc["agents"] = agents
+    return doc
+
+
+def _profile_to_dict(p: KindProfile) -> dict[str, float]:
+    return {"speed": p.speed, "success": p.success, "noise": p.noise}
+
+
 def task_to_dict(task: TaskSpec) -> dict[str, Any]:
     """The public (JSON/YAML) form of a task; ``parse_task(task_to_dict(t)) == t``."""
     out: dict[str, Any] = {"name": task.name}

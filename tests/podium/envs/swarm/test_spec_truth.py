@@ -4,6 +4,7 @@ and the shipped pools that use them."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from podium.envs.swarm.spec import (
     default_tasks,
     load_pool,
     parse_pool,
+    pool_to_dict,
     read_document,
 )
 from podium.errors import SpecError
@@ -224,3 +226,29 @@ def test_bad_pool_truths_are_named(true: Any, needle: str) -> None:
     with pytest.raises(SpecError) as err:
         parse_pool({**POOL, "true": true}, source="p.yaml")
     assert str(err.value).startswith("p.yaml: ") and needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        POOLS / "default.yaml",
+        POOLS / "misadvertised.yaml",
+        POOLS / "unseen.yaml",
+        ROOT / "bench" / "pools" / "misadvertised-after-costly-merges.yaml",
+    ],
+)
+def test_a_pool_written_out_reads_back_the_same(path: Path) -> None:
+    pool = load_pool(path)
+    assert parse_pool(copy.deepcopy(pool_to_dict(pool))) == pool
+
+
+def test_a_truth_of_a_kind_not_advertised_is_left_out() -> None:
+    """A store's estimate of a generalist's kind has no place in ``true:`` (it may only correct
+    advertised kinds): written out, it is dropped and the rest reads back."""
+    pool = parse_pool(POOL)
+    gen = pool.agents[2]
+    assert pool.truth is not None
+    extra = replace(pool.truth[2], kinds={**pool.truth[2].kinds, "db": KindProfile(3.0, 1.0, 0.0)})
+    doc = pool_to_dict(replace(pool, truth=(*pool.truth[:2], extra)))
+    assert set(doc["agents"][2]["true"]) == {"*"} and gen.name == "gen"
+    assert parse_pool(doc) == pool
