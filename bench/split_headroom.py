@@ -29,17 +29,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from podium.envs.swarm import SwarmEnv
 from podium.envs.swarm.drift import load_drift
 from podium.envs.swarm.spec import PoolSpec, TaskSpec, load_pool
 from podium.errors import ArtifactError, SpecError
 from podium.observed import AgentStats
-from podium.policy.agent import SwarmAgent
-from podium.policy.rollout import Job, run_episodes
+from podium.policy.decisions import Episode
 from podium.policy.swarm import load_policy, resolve_checkpoint
 from podium.rollout.twins import TwinPolicy, learned_twin, rule_twin
 from podium_app.cycle.config import CycleConfig
-from podium_app.cycle.measure import cycle_tasks, plan_sessions, ratio
+from podium_app.cycle.measure import (
+    PlannedSession,
+    Replayed,
+    cycle_tasks,
+    plan_sessions,
+    ratio,
+    replay_episodes,
+)
 
 PROG = "bench/split_headroom.py"
 LATER = 1e12
@@ -52,32 +57,18 @@ def unsplittable(task: TaskSpec) -> TaskSpec:
 
 
 def replay(
-    policy: TwinPolicy,
-    tasks: list[TaskSpec],
-    seeds: list[int],
-    pool: PoolSpec,
-    truth: PoolSpec,
-) -> tuple[list[float], list[float], list[bool]]:
-    """(each session's latency, its lower bound, whether it completed): ``policy`` greedy on a store of its own that
-    its sessions feed, in order, outcomes drawn from ``truth``."""
-    slots = max(policy.slots(len(t.subtasks)) for t in tasks)
-    config = replace(policy.env_config(slots), feed_stats=True)
-    named = {t.name: t for t in tasks}
-    envs = SwarmEnv.replicas(
-        16, list(named.values()), pool, config, true_pool=truth, stats=AgentStats()
-    )
-    jobs = [Job(t, s) for t, s in zip(tasks, seeds, strict=True)]
-    if policy.rule is not None:
-        episodes, _ = run_episodes(envs, jobs, rule=policy.rule)
-    else:
-        assert policy.net is not None
-        agent = SwarmAgent(envs[0].layout, net=policy.net)
-        episodes, _ = run_episodes(envs, jobs, agent=agent, greedy=True)
-    return (
-        [float(e.info["latency"]) for e in episodes],
-        [float(e.info["lower_bound"]) for e in episodes],
-        [bool(e.info["completed"]) for e in episodes],
-    )
+    policy: TwinPolicy, plan: list[PlannedSession], pool: PoolSpec, truth: PoolSpec
+) -> list[Episode]:
+    """``plan`` under ``policy`` (greedy) on a store of its own that its sessions feed, in
+    order, outcomes drawn from ``truth``."""
+    return replay_episodes(Replayed(policy), plan, pool, truth, AgentStats(), feed=True)
+
+
+def _ratio(episode: Episode, bounded_by: Episode) -> float:
+    """``episode``'s latency/bound with ``bounded_by``'s lower bound."""
+    info = episode.info
+    bound = float(bounded_by.info["lower_bound"])
+    return ratio(float(info["latency"]), bound, bool(info["completed"]))
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -95,9 +86,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(str(exc)) from exc
     truth = schedule.pool_at(pool.true_spec(), LATER)
     plan = plan_sessions(cycle_tasks(args.tasks, args.seed, pool), args.sessions, 1.0, args.seed)
-    tasks = [s.task for s in plan]
-    seeds = [s.seed for s in plan]
-    flat = [unsplittable(t) for t in tasks]
+    flat = [replace(s, task=unsplittable(s.task)) for s in plan]
     out: dict[str, Any] = {
         "config": {
             "pool": str(args.pool),
@@ -114,10 +103,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         ("learned", learned_twin("1", net)),
         ("cpls-online", rule_twin("rules:cpls-online")),
     ):
-        split, bounds, done = replay(policy, tasks, seeds, pool.advertised(), truth)
-        whole, _, whole_done = replay(policy, flat, seeds, pool.advertised(), truth)
-        with_split = [ratio(*r) for r in zip(split, bounds, done, strict=True)]
-        without = [ratio(*r) for r in zip(whole, bounds, whole_done, strict=True)]
+        split = replay(policy, plan, pool.advertised(), truth)
+        whole = replay(policy, flat, pool.advertised(), truth)
+        # Both against the bound of the tasks as they are: the planners' bound.
+        with_split = [_ratio(e, e) for e in split]
+        without = [_ratio(e, b) for e, b in zip(whole, split, strict=True)]
         diffs = [b - a for a, b in zip(with_split, without, strict=True)]
         out["policies"][name] = {
             "with_splits": statistics.fmean(with_split),

@@ -34,6 +34,7 @@ from podium.envs.swarm.spec import WILDCARD_KIND, PoolSpec
 from podium.errors import ConfigError
 from podium.observed import AgentStats
 from podium.policy.agent import SwarmAgent
+from podium.policy.decisions import Episode
 from podium.policy.network import SwarmPolicyNet
 from podium.policy.rollout import Job, run_episodes
 from podium.rollout.metrics import LATENCY_RATIO_CAP
@@ -147,6 +148,23 @@ def _replay(
 ) -> list[float]:
     """Each session of ``group`` under ``arm``'s policy, its latency/bound; the sessions feed
     ``stats`` when ``feed``."""
+    return [
+        ratio(float(e.info["latency"]), float(e.info["lower_bound"]), bool(e.info["completed"]))
+        for e in replay_episodes(arm, group, nominal, true_pool, stats, feed)
+    ]
+
+
+def replay_episodes(
+    arm: Replayed,
+    group: Sequence[PlannedSession],
+    nominal: PoolSpec,
+    true_pool: PoolSpec,
+    stats: AgentStats | None,
+    feed: bool,
+) -> list[Episode]:
+    """Each session of ``group`` under ``arm``'s policy (greedy for a learned one), in the
+    simulator on ``true_pool`` while the policy reads ``nominal`` and ``stats``; the sessions
+    feed ``stats`` when ``feed``."""
     policy = arm.policy
     slots = max(policy.slots(len(s.task.subtasks)) for s in group)
     config = replace(policy.env_config(slots), feed_stats=feed and stats is not None)
@@ -161,10 +179,7 @@ def _replay(
         assert policy.net is not None
         agent = SwarmAgent(envs[0].layout, net=policy.net)
         episodes, _ = run_episodes(envs, jobs, agent=agent, greedy=True)
-    return [
-        ratio(float(e.info["latency"]), float(e.info["lower_bound"]), bool(e.info["completed"]))
-        for e in episodes
-    ]
+    return episodes
 
 
 def _phase_groups(

@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_helpers import MISADVERTISED, V8, load_bench
 
 from podium.policy.network import SwarmPolicyNet
 from podium.policy.swarm import load_policy, save_policy
 
-ROOT = Path(__file__).resolve().parents[2]
-V8 = ROOT / "bench" / "policies" / "misadvertised-v8" / "policy.safetensors"
-POOL = ROOT / "podium" / "data" / "pools" / "misadvertised.yaml"
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "cycle_headroom", ROOT / "bench" / "cycle_headroom.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def _flags(tmp_path: Path, *more: str) -> list[str]:
     return [
-        "--pool", str(POOL), "--drift", "flaky-agent", "--duration-s", "40",
+        "--pool", str(MISADVERTISED), "--drift", "flaky-agent", "--duration-s", "40",
         "--drift-at-s", "10", "--window-s", "10", "--rate", "2", "--seed", "2",
         "--work-dir", str(tmp_path / "work"), "--json", str(tmp_path / "out.json"), *more,
     ]  # fmt: skip
@@ -43,7 +28,7 @@ def test_the_initial_policy_as_its_own_candidate_differs_nowhere_and_another_doe
     trained, _ = load_policy(V8)
     fresh = SwarmPolicyNet(trained.config)
     fresh_path = str(save_policy(fresh, tmp_path / "fresh", 1, ("any",)).path)
-    code = _bench().main(
+    code = load_bench("cycle_headroom").main(
         _flags(tmp_path, "--checkpoint", str(V8), "--candidate", str(V8), "--candidate", fresh_path)
     )
     assert code == 0
@@ -67,7 +52,9 @@ def test_the_initial_policy_as_its_own_candidate_differs_nowhere_and_another_doe
 
 
 def test_the_drift_is_aimed_as_podium_bench_cycle_aims_it(tmp_path: Path) -> None:
-    code = _bench().main(_flags(tmp_path, "--checkpoint", str(V8), "--drift-target", "preferred"))
+    code = load_bench("cycle_headroom").main(
+        _flags(tmp_path, "--checkpoint", str(V8), "--drift-target", "preferred")
+    )
     assert code == 0
     out = json.loads((tmp_path / "out.json").read_text())
     assert len(out["config"]["drift_aimed"]) == 1
@@ -89,7 +76,7 @@ def test_the_drift_is_aimed_as_podium_bench_cycle_aims_it(tmp_path: Path) -> Non
 def test_bad_input_exits_2_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], more: tuple[str, ...], named: str
 ) -> None:
-    assert _bench().main(_flags(tmp_path, *more)) == 2
+    assert load_bench("cycle_headroom").main(_flags(tmp_path, *more)) == 2
     assert named in capsys.readouterr().err
 
 
@@ -98,6 +85,11 @@ def test_a_corrupt_candidate_is_refused_naming_the_file(
 ) -> None:
     bad = tmp_path / "policy.safetensors"
     bad.write_bytes(b"not a safetensors file")
-    assert _bench().main(_flags(tmp_path, "--checkpoint", str(V8), "--candidate", str(bad))) == 2
+    assert (
+        load_bench("cycle_headroom").main(
+            _flags(tmp_path, "--checkpoint", str(V8), "--candidate", str(bad))
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--candidate" in err and "policy.safetensors" in err

@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_helpers import MISADVERTISED, V8, load_bench
 
 from podium.envs.swarm.spec import load_pool
-
-ROOT = Path(__file__).resolve().parents[2]
-V8 = ROOT / "bench" / "policies" / "misadvertised-v8" / "policy.safetensors"
-POOL = ROOT / "podium" / "data" / "pools" / "misadvertised.yaml"
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "observed_world", ROOT / "bench" / "observed_world.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _flags(tmp_path: Path, *more: str) -> list[str]:
     return [
-        "--pool", str(POOL), "--drift", "costly-merges", "--duration-s", "60",
+        "--pool", str(MISADVERTISED), "--drift", "costly-merges", "--duration-s", "60",
         "--drift-at-s", "20", "--window-s", "10", "--rate", "2", "--seed", "0",
         "--work-dir", str(tmp_path / "work"), *more,
     ]  # fmt: skip
@@ -38,8 +23,8 @@ def test_the_written_pool_is_the_advertisement_with_what_the_store_saw(tmp_path:
     than advertised (the drift made them 8x), agents as observed, never the true profiles."""
     out = tmp_path / "observed.yaml"
     flags = _flags(tmp_path, "--checkpoint", str(V8), "--after-s", "40", "--out", str(out))
-    assert _bench().main(flags) == 0
-    observed, pool = load_pool(out), load_pool(POOL)
+    assert load_bench("observed_world").main(flags) == 0
+    observed, pool = load_pool(out), load_pool(MISADVERTISED)
     assert observed.advertised().agents == pool.advertised().agents
     assert observed.split_overhead == pool.split_overhead
     assert observed.true_split_overhead is not None
@@ -60,5 +45,5 @@ def test_the_written_pool_is_the_advertisement_with_what_the_store_saw(tmp_path:
 def test_a_bad_flag_exits_2_naming_it(
     tmp_path: Path, more: list[str], words: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _bench().main(_flags(tmp_path, *more)) == 2
+    assert load_bench("observed_world").main(_flags(tmp_path, *more)) == 2
     assert words in capsys.readouterr().err
