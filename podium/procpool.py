@@ -204,6 +204,11 @@ class _Worker:
             raise _Died(sent=False)
         try:
             stdin.write(_FRAME.pack(len(frame)) + frame)
+            # A write into a pipe whose reader has ended fails at once, and the transport
+            # closes then (its error reaches drain() only later, if at all): the request
+            # never reached the process.
+            if stdin.is_closing():
+                raise _Died(sent=False)
             await stdin.drain()
         except (OSError, RuntimeError) as exc:  # a broken pipe: nobody reads it any more
             raise _Died(sent=False) from exc
