@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from podium.envs.swarm.drift import load_drift
 from podium.envs.swarm.spec import PoolSpec, pool_to_dict
 from podium.errors import ArtifactError, SpecError
 from podium.observed import AgentStats
+from podium.observed.store import observed_pool
 from podium.policy.swarm import load_policy, resolve_checkpoint
 from podium.rollout.twins import learned_twin
 from podium_app.commands.bench_cycle import add_arguments, config_from
@@ -66,18 +66,6 @@ def observed_store(config: CycleConfig, after_s: float) -> tuple[AgentStats, Poo
     replay_ratios(upto, pool, schedule, config.drift_at_s, arms, stores=stores)
     store = stores.get(LIVE) or AgentStats()
     return store, pool, schedule.name
-
-
-def observed_pool(store: AgentStats, pool: PoolSpec, name: str) -> PoolSpec:
-    """``pool``'s advertisement with ``store``'s estimated world as its truth."""
-    advertised = pool.advertised()
-    world = store.estimated_world(advertised)
-    return replace(
-        advertised,
-        name=name,
-        truth=world.agents,
-        true_split_overhead=world.split_overhead,
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

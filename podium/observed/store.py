@@ -356,6 +356,18 @@ class AgentStats:
         return out
 
 
+def observed_pool(stats: AgentStats, pool: PoolSpec, name: str) -> PoolSpec:
+    """``pool``'s advertisement with ``stats``' estimated world as its truth (each agent's
+    estimated profiles, the merges' estimated cost), named ``name``: the world as a
+    deployment's store sees it, as a pool a retraining job may train on without reading the
+    truth (``pool_to_dict`` writes it; kinds a generalist was only estimated on are left out)."""
+    advertised = pool.advertised()
+    world = stats.estimated_world(advertised)
+    return replace(
+        advertised, name=name, truth=world.agents, true_split_overhead=world.split_overhead
+    )
+
+
 def _positive(value: float, name: str) -> float:
     """``value`` if it is a finite number > 0, else ConfigError naming ``name``."""
     if (
@@ -464,5 +476,6 @@ __all__ = [
     "AgentStats",
     "Estimate",
     "default_split_overhead",
+    "observed_pool",
     "trajectory_executions",
 ]

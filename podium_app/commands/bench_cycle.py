@@ -73,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runs", default=",".join(RUNS), help="comma-separated subset of frozen,continuous"
     )
+    parser.add_argument(
+        "--retrain-after-s",
+        type=float,
+        default=d.retrain_after_s,
+        help="continuous run: a retraining job this long after the drift instead of PPO",
+    )
     parser.add_argument("--drain-s", type=float, default=d.drain_s)
     parser.add_argument("--work-dir", type=Path, default=d.work_dir)
     parser.add_argument("--json", type=Path, default=None, help="write the result JSON here")
@@ -101,6 +107,7 @@ def config_from(args: argparse.Namespace) -> CycleConfig:
         learner_batch=args.learner_batch,
         explore_share=args.explore_share,
         runs=tuple(r.strip() for r in args.runs.split(",") if r.strip()),
+        retrain_after_s=args.retrain_after_s,
         drain_s=args.drain_s,
     )
     validate(config)

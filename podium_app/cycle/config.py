@@ -63,6 +63,14 @@ class CycleConfig:
     """Share of sessions the orchestrator samples (the learner's on-policy data: it trains
     only on sampled sessions); the rest are decided greedily, as users get them, and only
     those are measured. The same sessions in every run."""
+    retrain_after_s: float = 0.0
+    """Seconds after the drift bites at which the continuous run's retraining job starts; 0:
+    none, the continuous run's candidates are learner_svc's PPO versions. With it the
+    continuous run has no PPO learner: once, that long after the drift, the bench builds the
+    world its own statistics store of the run's trajectories saw (agents and merges as
+    observed, :func:`~podium.observed.store.observed_pool`; never the truth), clones
+    ``planner-online`` there with ``podium train`` and publishes the clone as the next version
+    with the learner's code and key; the controller proposes it at its next cycle."""
     runs: tuple[str, ...] = RUNS
     """Which of :data:`RUNS` to run (both for the acceptance verdicts)."""
     drain_s: float = 90.0
@@ -113,6 +121,12 @@ def validate(config: CycleConfig) -> None:
         (config.learner_batch >= 1, "--learner-batch: must be >= 1"),
         (0 <= config.explore_share < 1, "--explore-share: must be in [0, 1)"),
         (config.drain_s > 0, "--drain-s: must be > 0"),
+        (
+            config.retrain_after_s == 0
+            or 0 < config.retrain_after_s < config.duration_s - config.drift_at_s,
+            "--retrain-after-s: must be 0 (none) or inside the load after the drift "
+            f"(0, {config.duration_s - config.drift_at_s:g})",
+        ),
         (
             bool(config.runs) and all(r in RUNS for r in config.runs),
             f"--runs: each must be one of {', '.join(RUNS)}",

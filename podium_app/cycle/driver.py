@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -38,8 +39,10 @@ from learner_svc.algorithms.swarm import SwarmSettings
 from podium import topics
 from podium.bus import KafkaBus
 from podium.envs.swarm.drift import drift_document, load_drift
-from podium.envs.swarm.spec import PoolSpec
+from podium.envs.swarm.spec import PoolSpec, pool_to_dict
 from podium.errors import PodiumError
+from podium.observed import AgentStats
+from podium.observed.store import observed_pool
 from podium.policy.network import SwarmPolicyNet
 from podium.policy.swarm import load_policy, resolve_checkpoint
 from podium.v1 import rollout_pb2
@@ -96,6 +99,10 @@ class RunResult:
     exit_codes: dict[str, int] = field(default_factory=dict)
     load_started_at: float = 0.0
     """Unix time of the load's first session (the report places transitions by it)."""
+    retrain: dict[str, Any] = field(default_factory=dict)
+    """The retraining job's figures (``--retrain-after-s``; empty without one): when it
+    started and announced (seconds into the load), the merge cost the store saw, the
+    version it published."""
     wall_s: float = 0.0
 
     def summary(self) -> dict[str, Any]:
@@ -242,19 +249,28 @@ async def run_once(
     tail: Tail | None = None
     try:
         await create_topics(bus)
+        ppo = name == "continuous" and not config.retrain_after_s
+        retrains = name == "continuous" and bool(config.retrain_after_s)
         say(
             f"[{name}] starting {config.replicas} orchestrator(s), reward, controller"
-            + (", learner" if name == "continuous" else "")
+            + (", learner" if ppo else "")
+            + (
+                f"; a retraining job {config.retrain_after_s:g}s after the drift"
+                if retrains
+                else ""
+            )
         )
-        if name == "continuous":
+        if ppo:
             # One broker serves both runs: the learner must not learn the frozen run's sessions.
             await bus.position_groups_at_end({"learner": [topics.SCORED_TRAJECTORIES]})
-        await deploy.start_services(init if name == "continuous" else None)
+        await deploy.start_services(init if ppo else None)
         await wait_controller(deploy)
-        version = await make_initial_live(
-            deploy, bus, learner_of(config, name, run_dir, init), init
-        )
+        learner = learner_of(config, name, run_dir, init)
+        version = await make_initial_live(deploy, bus, learner, init)
         tail = Tail(bus, name)
+        if retrains:
+            tail.stats = AgentStats()
+            tail.split_overhead = config.pool_spec().split_overhead
         await tail.start()
         sub = Submitter(bus, name, plan)
         schedule = load_drift(config.drift)
@@ -268,7 +284,18 @@ async def run_once(
             f"[{name}] version {version} live; load of {len(plan)} sessions starts in "
             f"{START_MARGIN_S:.0f}s"
         )
-        await _drive(name, deploy, tail, sub, t0_mono, config, say)
+        job = (
+            asyncio.create_task(retrain(config, bus, tail, learner, run_dir, t0_mono, result, say))
+            if retrains
+            else None
+        )
+        try:
+            await _drive(name, deploy, tail, sub, t0_mono, config, say)
+        finally:
+            if job is not None:
+                job.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await job
         result.exit_codes = await deploy.stop()
         await tail.drain()  # what the orchestrators published while stopping
         _collect(result, tail, sub, plan, started_at)
@@ -284,6 +311,79 @@ async def run_once(
         f"twice, {len(result.transitions)} transitions ({result.wall_s:.0f}s)"
     )
     return result
+
+
+RETRAIN_FLAGS = (
+    "--teacher", "planner-online", "--bc-demos-per-task", "2", "--dagger-rounds", "1",
+    "--iterations", "0", "--suite-size", "32", "--test-suite-size", "6", "--test-episodes", "1",
+    "--bc-epochs", "8", "--dagger-epochs", "8", "--ppo-bc-departure-weight", "16",
+    "--ppo-bc-advice-gain", "4", "--env-advice", "online", "--store-warmup", "1",
+    "--rollout-baseline", "advice",
+)  # fmt: skip
+"""``podium train``'s flags of the retraining job: a clone of ``planner-online`` (docs/cycle.md,
+"A drift the rules cannot read"; about 3 CPU-minutes)."""
+
+
+async def retrain(
+    config: CycleConfig,
+    bus: KafkaBus,
+    tail: Tail,
+    learner: SwarmSettings,
+    run_dir: Path,
+    t0_mono: float,
+    result: RunResult,
+    say: Say,
+) -> None:
+    """The retraining job (:attr:`CycleConfig.retrain_after_s`): at its time, the world the
+    run's store saw written as a pool file, a clone of ``planner-online`` trained there by
+    ``podium train`` (a process: the load goes on), published as the learner's next version
+    and announced; the controller proposes it at its next cycle. A failed training is
+    reported and the run goes on without a candidate."""
+    at = t0_mono + config.drift_at_s + config.retrain_after_s
+    await asyncio.sleep(max(0.0, at - time.monotonic()))
+    assert tail.stats is not None
+    stats = tail.stats.copy()
+    work = run_dir / "retrain"
+    work.mkdir(parents=True, exist_ok=True)
+    pool = config.pool_spec()
+    observed = observed_pool(stats, pool, f"{pool.name}-as-observed")
+    world = work / "observed.yaml"
+    world.write_text(yaml.safe_dump(pool_to_dict(observed), sort_keys=False))
+    started = time.monotonic()
+    result.retrain = {
+        "started_at_s": round(started - t0_mono, 1),
+        "merges_observed": round(stats.merges_observed, 1),
+        "observed_merge_factor": round(stats.merge_factor(), 3),
+    }
+    say(
+        f"[continuous] retraining on the world the store saw ({stats.merges_observed:.0f} merges, "
+        f"merge cost x{stats.merge_factor():.2f}): {world}"
+    )
+    podium = Path(sys.executable).with_name("podium")
+    command = [str(podium), "train", "--pool", str(world), *RETRAIN_FLAGS]
+    command += ["--seed", str(config.seed), "--run-dir", str(work / "run")]
+    with (work / "train.log").open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=log)
+        try:
+            code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    policy = work / "run" / "policy.safetensors"
+    if code != 0 or not policy.is_file():
+        say(f"[continuous] retraining failed (exit {code}; {work / 'train.log'}): no candidate")
+        result.retrain["failed"] = code
+        return
+    version = next_version(learner.artifacts_dir, learner.model_repository)
+    event = await asyncio.to_thread(publish_initial, learner, policy, version)
+    await announce(bus, event)
+    result.retrain |= {
+        "version": version,
+        "train_s": round(time.monotonic() - started, 1),
+        "announced_at_s": round(time.monotonic() - t0_mono, 1),
+    }
+    say(f"[continuous] retrained candidate v{version} announced ({result.retrain['train_s']}s)")
 
 
 def _collect(

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -19,6 +20,8 @@ from podium import codec, topics
 from podium.bus import KafkaBus
 from podium.bus.base import Subscriber, TopicSpec
 from podium.envs.swarm.trajectory import task_to_proto
+from podium.errors import DecodeError
+from podium.observed import AgentStats
 from podium.v1 import rollout_pb2, task_pb2, trajectory_pb2
 from podium_app.cycle.deploy import GREEDY_BY, SAMPLED_BY
 from podium_app.cycle.measure import PlannedSession, ratio
@@ -96,6 +99,11 @@ class Tail:
     transitions: dict[int, rollout_pb2.RolloutTransition] = field(default_factory=dict)
     """Seq -> transition, as read."""
     state: rollout_pb2.RolloutState | None = None
+    stats: AgentStats | None = None
+    """When set, every trajectory read feeds it (a store of the run's sessions, as an
+    orchestrator's; a trajectory the store refuses is skipped)."""
+    split_overhead: float | None = None
+    """The pool's advertised merge overhead, for :attr:`stats` (None: the default pool's)."""
     _subscriber: Subscriber | None = None
 
     async def start(self) -> None:
@@ -131,6 +139,9 @@ class Tail:
             i = index_of(self.run, traj.session_id)
             if i is None:
                 return
+            if self.stats is not None and i not in self.records:
+                with contextlib.suppress(DecodeError):
+                    self.stats.record_trajectory(traj, split_overhead=self.split_overhead)
             self.records[i] = self.records.get(i, 0) + 1
             role = trajectory_pb2.ArmRole.Name(traj.arm.role).removeprefix("ARM_ROLE_").lower()
             self.finished.setdefault(

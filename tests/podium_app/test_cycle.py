@@ -10,14 +10,17 @@ from typing import Any
 
 import pytest
 
+from podium import codec, topics
+from podium.envs.swarm import EnvConfig, SwarmEnv, default_tasks, make_policy
 from podium.envs.swarm.drift import DriftChange, DriftSchedule, load_drift
 from podium.envs.swarm.spec import default_pool, default_pool_path, load_pool, parse_pool
+from podium.envs.swarm.trajectory import episode_trajectory
 from podium.observed import AgentStats
 from podium.rollout.twins import rule_twin
 from podium_app.cli import main
 from podium_app.cycle.config import CycleConfig, validate
 from podium_app.cycle.deploy import learner_train_config
-from podium_app.cycle.load import index_of, session_id
+from podium_app.cycle.load import Tail, index_of, session_id
 from podium_app.cycle.measure import (
     FROZEN_STORE,
     Replayed,
@@ -55,6 +58,11 @@ ROOT = Path(__file__).resolve().parents[2]
         (["--drift", "no-such-scenario"], "--drift"),
         (["--pool", "/nonexistent/pool.yaml"], "--pool"),
         (["--drift-target", "busiest"], "--drift-target"),
+        (["--retrain-after-s", "-5"], "--retrain-after-s"),
+        (
+            ["--duration-s", "60", "--drift-at-s", "20", "--retrain-after-s", "40"],
+            "--retrain-after-s",
+        ),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(
@@ -402,3 +410,30 @@ def test_a_drift_made_in_code_round_trips_through_its_document(tmp_path: Path) -
     path = tmp_path / "drift.yaml"
     path.write_text(yaml.safe_dump(drift_document(schedule)))
     assert load_drift(path) == schedule
+
+
+def test_the_tail_feeds_a_store_once_per_session_and_skips_what_it_refuses() -> None:
+    """The retraining job's store: every session's trajectory recorded once (a session run
+    twice is not counted twice), a trajectory the store refuses skipped, the tail going on."""
+    env = SwarmEnv(default_tasks(), config=EnvConfig(rule_advice=False))
+    env.reset(seed=3, options={"task": "diamond-10"})
+    engine = make_policy("cpls")
+    done = False
+    while not done:
+        _, _, terminated, truncated, _ = env.step(engine.act(env).action)
+        done = terminated or truncated
+    traj = episode_trajectory(env)
+    traj.session_id = session_id("continuous", 4)
+    tail = Tail(bus=None, run="continuous", stats=AgentStats())  # type: ignore[arg-type]
+    data = codec.encode_event(traj, producer="test")[1]
+    tail._note(topics.TRAJECTORIES, data)
+    once = tail.stats.to_dict() if tail.stats is not None else {}
+    assert tail.stats is not None and tail.stats.version > 0
+    tail._note(topics.TRAJECTORIES, data)  # the same session again: run twice
+    assert tail.stats.to_dict() == once and tail.records == {4: 2}
+    bad = type(traj)()
+    bad.CopyFrom(traj)
+    bad.session_id = session_id("continuous", 5)
+    bad.executions[0].subtask_id = "nope"
+    tail._note(topics.TRAJECTORIES, codec.encode_event(bad, producer="test")[1])
+    assert tail.stats.to_dict() == once and 5 in tail.finished
