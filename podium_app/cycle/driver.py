@@ -251,15 +251,7 @@ async def run_once(
         await create_topics(bus)
         ppo = name == "continuous" and not config.retrain_after_s
         retrains = name == "continuous" and bool(config.retrain_after_s)
-        say(
-            f"[{name}] starting {config.replicas} orchestrator(s), reward, controller"
-            + (", learner" if ppo else "")
-            + (
-                f"; a retraining job {config.retrain_after_s:g}s after the drift"
-                if retrains
-                else ""
-            )
-        )
+        say(_starting(name, config, ppo, retrains))
         if ppo:
             # One broker serves both runs: the learner must not learn the frozen run's sessions.
             await bus.position_groups_at_end({"learner": [topics.SCORED_TRAJECTORIES]})
@@ -384,6 +376,16 @@ async def retrain(
         "announced_at_s": round(time.monotonic() - t0_mono, 1),
     }
     say(f"[continuous] retrained candidate v{version} announced ({result.retrain['train_s']}s)")
+
+
+def _starting(name: str, config: CycleConfig, ppo: bool, retrains: bool) -> str:
+    """The progress line of a run's start: what it starts."""
+    retraining = f"; a retraining job {config.retrain_after_s:g}s after the drift"
+    return (
+        f"[{name}] starting {config.replicas} orchestrator(s), reward, controller"
+        + (", learner" if ppo else "")
+        + (retraining if retrains else "")
+    )
 
 
 def _collect(
