@@ -31,7 +31,10 @@ def plot_windows(result: Mapping[str, Any], out: Path) -> None:
     plt = pyplot()
     rows = result["windows"]
     fig, ax = plt.subplots(figsize=(10, 4.5))
+    retrain = result["runs"].get("continuous", {}).get("retrain") or {}
     for key, label, colour, style in SERIES:
+        if key == "continuous" and retrain:
+            label = "continuous (retraining job + rollout)"
         pts = [
             ((r["start_s"] + r["end_s"]) / 2, r[key]["mean"])
             for r in rows
@@ -45,7 +48,12 @@ def plot_windows(result: Mapping[str, Any], out: Path) -> None:
     for t in result["runs"].get("continuous", {}).get("transitions", []):
         if t["kind"] == "PROMOTED" and t0 is not None:
             ax.axvline(t["at"] - t0, color="tab:green", ls=":", lw=1)
-    ax.set_xlabel("seconds into the load (window middle; dotted: promotions)")
+    if "announced_at_s" in retrain:
+        ax.axvline(retrain["announced_at_s"], color="tab:green", ls="--", lw=1)
+    ax.set_xlabel(
+        "seconds into the load (window middle; dotted: promotions"
+        + ("; dashed: the retrained candidate announced)" if "announced_at_s" in retrain else ")")
+    )
     ax.set_ylabel("mean latency / lower bound (lower is better)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -96,6 +104,24 @@ def _windows_html(result: Mapping[str, Any]) -> str:
     return f"<table><tr><th>window</th><th>span s</th>{head}</tr>{body}</table>"
 
 
+def _retrain_html(retrain: Mapping[str, Any]) -> str:
+    """The retraining job's figures (``--retrain-after-s``), or nothing without one."""
+    if not retrain:
+        return ""
+    if "failed" in retrain:
+        outcome = f"training failed (exit {retrain['failed']}): no candidate"
+    else:
+        outcome = (
+            f"trained in {retrain['train_s']:g} s; v{_e(retrain['version'])} announced at "
+            f"{retrain['announced_at_s']:g} s"
+        )
+    return (
+        f"<p>Retraining job at {retrain['started_at_s']:g} s into the load, on the world the "
+        f"run's store saw ({retrain['merges_observed']:g} merges at "
+        f"{retrain['observed_merge_factor']:g}&times; their plan): {outcome}.</p>"
+    )
+
+
 def _transitions_html(transitions: list[Mapping[str, Any]]) -> str:
     rows = "".join(
         f"<tr><td>{t['seq']}</td><td class=l>{_e(t['kind'].lower())}</td>"
@@ -122,7 +148,8 @@ def write_report(result: Mapping[str, Any], out: Path) -> Path:
         f"<h3>{_e(name)}</h3><p>{r['finished']}/{r['submitted']} sessions finished, "
         f"{r['run_twice']} run twice, {r['incomplete']} incomplete; arms {_e(r['by_arm'])}; "
         f"{r['controller_proposed']} candidates proposed by the controller, {r['promoted']} "
-        f"promoted.</p>{_transitions_html(r['transitions'])}"
+        f"promoted.</p>{_retrain_html(r.get('retrain') or {})}"
+        f"{_transitions_html(r['transitions'])}"
         for name, r in result["runs"].items()
     )
     cfg = result["config"]

@@ -276,6 +276,15 @@ def test_report_and_table(tmp_path: Path) -> None:
     assert "&lt;evidence&gt;" in html and "cpls_online" in html
     text = table_text(result)
     assert "accepted=True" in text and len(text.splitlines()) == 2 + len(rows)
+    # A retraining job's run says so, with its figures; a failed one says it left no candidate.
+    assert "Retraining job" not in html
+    retrain = {"started_at_s": 3.0, "merges_observed": 271.3, "observed_merge_factor": 6.187}
+    run["retrain"] = retrain | {"version": 2, "train_s": 209.0, "announced_at_s": 4.0}
+    html = write_report(result, tmp_path / "r").read_text()
+    assert "271.3 merges at 6.187&times;" in html and "v2 announced at 4 s" in html
+    run["retrain"] = retrain | {"failed": 1}
+    html = write_report(result, tmp_path / "r").read_text()
+    assert "training failed (exit 1): no candidate" in html
 
 
 def test_a_store_frozen_at_the_drift_stops_learning_the_agents() -> None:
