@@ -37,7 +37,7 @@ import yaml
 
 from learner_svc.algorithms.swarm import SwarmSettings
 from podium import topics
-from podium.bus import KafkaBus
+from podium.bus import Bus, KafkaBus
 from podium.envs.swarm.drift import drift_document, load_drift
 from podium.envs.swarm.spec import PoolSpec, pool_to_dict
 from podium.errors import PodiumError
@@ -318,19 +318,20 @@ RETRAIN_FLAGS = (
 
 async def retrain(
     config: CycleConfig,
-    bus: KafkaBus,
+    bus: Bus,
     tail: Tail,
     learner: SwarmSettings,
     run_dir: Path,
     t0_mono: float,
     result: RunResult,
     say: Say,
+    flags: Sequence[str] = RETRAIN_FLAGS,
 ) -> None:
     """The retraining job (:attr:`CycleConfig.retrain_after_s`): at its time, the world the
     run's store saw written as a pool file, a clone of ``planner-online`` trained there by
-    ``podium train`` (a process: the load goes on), published as the learner's next version
-    and announced; the controller proposes it at its next cycle. A failed training is
-    reported and the run goes on without a candidate."""
+    ``podium train`` with ``flags`` (a process: the load goes on), published as the learner's
+    next version and announced; the controller proposes it at its next cycle. A failed
+    training is reported and the run goes on without a candidate."""
     at = t0_mono + config.drift_at_s + config.retrain_after_s
     await asyncio.sleep(max(0.0, at - time.monotonic()))
     assert tail.stats is not None
@@ -352,7 +353,7 @@ async def retrain(
         f"merge cost x{stats.merge_factor():.2f}): {world}"
     )
     podium = Path(sys.executable).with_name("podium")
-    command = [str(podium), "train", "--pool", str(world), *RETRAIN_FLAGS]
+    command = [str(podium), "train", "--pool", str(world), *flags]
     command += ["--seed", str(config.seed), "--run-dir", str(work / "run")]
     with (work / "train.log").open("wb") as log:
         proc = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=log)

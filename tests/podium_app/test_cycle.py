@@ -5,21 +5,27 @@ is tests/podium_app/test_cycle_kafka.py)."""
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from podium import codec, topics
+from podium.bus import InProcBus
 from podium.envs.swarm import EnvConfig, SwarmEnv, default_tasks, make_policy
 from podium.envs.swarm.drift import DriftChange, DriftSchedule, load_drift
 from podium.envs.swarm.spec import default_pool, default_pool_path, load_pool, parse_pool
 from podium.envs.swarm.trajectory import episode_trajectory
 from podium.observed import AgentStats
 from podium.rollout.twins import rule_twin
+from podium.v1 import reward_pb2
+from podium_app.bootstrap import next_version
 from podium_app.cli import main
 from podium_app.cycle.config import CycleConfig, validate
 from podium_app.cycle.deploy import learner_train_config
+from podium_app.cycle.driver import RunResult, learner_of, retrain
 from podium_app.cycle.load import Tail, index_of, session_id
 from podium_app.cycle.measure import (
     FROZEN_STORE,
@@ -446,3 +452,89 @@ def test_the_tail_feeds_a_store_once_per_session_and_skips_what_it_refuses() -> 
     bad.executions[0].subtask_id = "nope"
     tail._note(topics.TRAJECTORIES, codec.encode_event(bad, producer="test")[1])
     assert tail.stats.to_dict() == once and 5 in tail.finished
+
+
+def _store_of_a_costly_world(merge_factor: float, episodes: int) -> AgentStats:
+    """A store fed by cpls sessions in a world whose merges cost ``merge_factor`` x their plan
+    (what the run's tail records from the trajectory stream after such a drift)."""
+    pool = default_pool()
+    truth = replace(pool, split_overhead=pool.split_overhead * merge_factor)
+    stats = AgentStats()
+    env = SwarmEnv(
+        default_tasks(pool),
+        pool,
+        EnvConfig(rule_advice=False, feed_stats=True),
+        true_pool=truth,
+        stats=stats,
+    )
+    engine = make_policy("cpls")
+    for seed in range(episodes):
+        env.reset(seed=seed)
+        done = False
+        while not done:
+            _, _, terminated, truncated, _ = env.step(engine.act(env).action)
+            done = terminated or truncated
+    return stats
+
+
+QUICK_RETRAIN = (
+    "--teacher", "planner-online", "--bc-demos-per-task", "2", "--dagger-rounds", "0",
+    "--iterations", "0", "--suite-size", "8", "--sizes", "5", "6", "--test-suite-size", "2",
+    "--test-sizes", "5", "6", "--test-episodes", "1", "--bc-epochs", "4", "--curriculum", "6",
+    "--env-advice", "online", "--store-warmup", "1",
+)  # fmt: skip
+"""The retraining job's recipe, as small as ``podium train`` takes (the job, not the clone's
+quality, is under test: docs/cycle.md measures that)."""
+
+
+async def test_the_retraining_job_trains_on_the_world_the_store_saw_and_announces_it(
+    tmp_path: Path,
+) -> None:
+    """``--retrain-after-s``: the store's world written as a pool (advertised as the spec
+    says, merges at the cost the store saw), a policy trained there by ``podium train``,
+    published signed as the next version and announced on the policy topic; a training that
+    fails leaves no candidate and says so."""
+    stats = _store_of_a_costly_world(8.0, 30)
+    tail = Tail(bus=None, run="continuous", stats=stats)  # type: ignore[arg-type]
+    config = CycleConfig(work_dir=tmp_path, drift_at_s=0.0, retrain_after_s=1.0)
+    learner = learner_of(config, "frozen", tmp_path / "frozen", tmp_path / "unused")
+    said: list[str] = []
+    bus = InProcBus()
+    await bus.start()
+    try:
+        result = RunResult("continuous")
+        await retrain(
+            config, bus, tail, learner, tmp_path / "one", time.monotonic() - 1.0, result,
+            said.append, QUICK_RETRAIN,
+        )  # fmt: skip
+        assert result.retrain["version"] == 1 and "failed" not in result.retrain, said
+        assert result.retrain["observed_merge_factor"] == round(stats.merge_factor(), 3)
+        assert result.retrain["merges_observed"] == pytest.approx(stats.merges_observed, abs=0.1)
+        world = load_pool(tmp_path / "one" / "retrain" / "observed.yaml")
+        pool = default_pool()
+        assert world.split_overhead == pool.split_overhead  # what planners are told
+        assert world.true_split_overhead == pytest.approx(
+            pool.split_overhead * stats.merge_factor()
+        )
+        assert stats.merge_factor() == pytest.approx(8.0, rel=0.25)
+        sub = bus.subscriber([topics.POLICY_UPDATES], "test")
+        await sub.start()
+        try:
+            records = await sub.fetch(timeout_s=2.0)
+        finally:
+            await sub.stop()
+        assert len(records) == 1
+        _, event = codec.decode_event(records[0].value, reward_pb2.PolicyUpdated)
+        assert event.version == 1 and event.signature
+        assert next_version(learner.artifacts_dir) == 2  # version 1 is in the artifacts root
+        # A training that fails: reported, nothing published or announced.
+        failed = RunResult("continuous")
+        await retrain(
+            config, bus, tail, learner, tmp_path / "two", time.monotonic() - 1.0, failed,
+            said.append, ("--suite-size", "0"),
+        )  # fmt: skip
+        assert failed.retrain["failed"] != 0 and "version" not in failed.retrain
+        assert "retraining failed" in said[-1] and "no candidate" in said[-1]
+        assert sum(bus.end_offsets(topics.POLICY_UPDATES).values()) == 1
+    finally:
+        await bus.stop()
