@@ -352,8 +352,9 @@ async def retrain(
         f"[continuous] retraining on the world the store saw ({stats.merges_observed:.0f} merges, "
         f"merge cost x{stats.merge_factor():.2f}): {world}"
     )
-    podium = Path(sys.executable).with_name("podium")
-    command = [str(podium), "train", "--pool", str(world), *flags]
+    # The CLI module, not the ``podium`` script: where pip put the script depends on how the
+    # package was installed; the interpreter running this bench is known.
+    command = [sys.executable, "-m", "podium_app.cli", "train", "--pool", str(world), *flags]
     command += ["--seed", str(config.seed), "--run-dir", str(work / "run")]
     with (work / "train.log").open("wb") as log:
         proc = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=log)
